@@ -1,0 +1,149 @@
+"""`PackedBatch`: the one micro-batch contract between the data pipeline, the model and the samplers.
+
+One pack per micro-batch (B = 1). Shapes after normalisation:
+    input_ids, labels            [1, S, C] int64 (labels -100 where unsupervised; labels may be None)
+    type_ids, turn_ids,
+    block_ids, position_ids      [1, S] int64
+    is_clean, token_valid        [1, S] bool
+    noise_t                      [1, S] float32 (noise level of answer tokens, 0 elsewhere)
+    answer_mask                  [1, S] bool (answer tokens, masked or not)
+    cu_seqlens                   [n + 1] int32 (segment starts + end of the packed part)
+    seg_bounds                   the same as a Python tuple, computed on CPU by the collator
+    query_rows                   optional [N] int64 flat row indices (b*S + s) whose logits samplers want
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_EXACT_LIMIT = 2**24  # float32 holds every integer below this exactly
+
+
+def as_int64(name: str, t: torch.Tensor) -> torch.Tensor:
+    """Widen an id/label tensor to int64; refuse dtypes that cannot hold token ids exactly."""
+    if t.dtype == torch.int64:
+        return t
+    if t.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
+        return t.long()
+    if t.dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{name} has dtype {t.dtype}, which cannot hold token ids exactly; pass an integer tensor")
+    if t.dtype == torch.float32 or t.dtype == torch.float64:
+        if t.numel():
+            fractional = t != t.round()
+            if fractional.any():
+                raise ValueError(f"{name} has non-integral values, e.g. {t[fractional][:4].tolist()}")
+            too_big = t.abs() >= _FLOAT_EXACT_LIMIT
+            if too_big.any():
+                raise ValueError(f"{name} has values >= 2^24 that {t.dtype} may not hold exactly, "
+                                 f"e.g. {t[too_big][:4].tolist()}")
+        return t.long()
+    raise ValueError(f"{name} has dtype {t.dtype}; expected an integer tensor")
+
+
+def as_row(name: str, t: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
+    """[S] -> [1, S]; [1, S] stays. Checks S against `seq_len` when given."""
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2 or t.shape[0] != 1:
+        raise ValueError(f"{name} must have shape [S] or [1, S], got {list(t.shape)}")
+    if seq_len is not None and t.shape[1] != seq_len:
+        raise ValueError(f"{name} has length {t.shape[1]}, expected S={seq_len}")
+    return t
+
+
+def as_token_grid(name: str, t: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Token ids or labels to [1, S, C]. Accepts [S, C], [1, S, C], and the legacy text-only [1, S] / [S]
+    (one column). A 2-D tensor is resolved against S, never guessed from its last dim."""
+    t = as_int64(name, t)
+    if t.dim() == 1:
+        if t.shape[0] != seq_len:
+            raise ValueError(f"{name} has shape {list(t.shape)}, expected [S={seq_len}]")
+        return t.view(1, seq_len, 1)
+    if t.dim() == 2:
+        if t.shape == (1, seq_len):
+            return t.unsqueeze(-1)
+        if t.shape[0] == seq_len:
+            return t.unsqueeze(0)
+        raise ValueError(f"{name} has shape {list(t.shape)}; expected [S, C] or [1, S] with S={seq_len}")
+    if t.dim() == 3 and t.shape[:2] == (1, seq_len):
+        return t
+    raise ValueError(f"{name} has shape {list(t.shape)}; expected [1, S, C] with S={seq_len}")
+
+
+def as_bool_row(name: str, t: torch.Tensor, seq_len: int) -> torch.Tensor:
+    t = as_row(name, t, seq_len)
+    if t.dtype == torch.bool:
+        return t
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        raise ValueError(f"{name} has dtype {t.dtype}; expected bool or 0/1 integers")
+    if ((t != 0) & (t != 1)).any():
+        raise ValueError(f"{name} must be 0/1, found values {t.unique()[:6].tolist()}")
+    return t.bool()
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor
+    type_ids: torch.Tensor
+    turn_ids: torch.Tensor
+    block_ids: torch.Tensor
+    position_ids: torch.Tensor
+    is_clean: torch.Tensor
+    token_valid: torch.Tensor
+    cu_seqlens: torch.Tensor
+    labels: torch.Tensor | None = None
+    noise_t: torch.Tensor | None = None
+    answer_mask: torch.Tensor | None = None
+    seg_bounds: tuple[int, ...] | None = None
+    query_rows: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.type_ids = as_int64("type_ids", as_row("type_ids", self.type_ids))
+        seq_len = self.type_ids.shape[1]
+        self.input_ids = as_token_grid("input_ids", self.input_ids, seq_len)
+        for name in ("turn_ids", "block_ids", "position_ids"):
+            setattr(self, name, as_int64(name, as_row(name, getattr(self, name), seq_len)))
+        self.is_clean = as_bool_row("is_clean", self.is_clean, seq_len)
+        self.token_valid = as_bool_row("token_valid", self.token_valid, seq_len)
+        if self.labels is not None:
+            self.labels = as_token_grid("labels", self.labels, seq_len)
+            if self.labels.shape[-1] not in (1, self.input_ids.shape[-1]):
+                raise ValueError(f"labels has {self.labels.shape[-1]} columns, input_ids has "
+                                 f"{self.input_ids.shape[-1]}")
+        if self.noise_t is None:
+            self.noise_t = torch.zeros(1, seq_len, dtype=torch.float32, device=self.type_ids.device)
+        self.noise_t = as_row("noise_t", self.noise_t, seq_len).float()
+        if self.answer_mask is None:
+            self.answer_mask = torch.zeros(1, seq_len, dtype=torch.bool, device=self.type_ids.device)
+        self.answer_mask = as_bool_row("answer_mask", self.answer_mask, seq_len)
+        cu = self.cu_seqlens
+        if not isinstance(cu, torch.Tensor):
+            cu = torch.tensor(cu, dtype=torch.int32)
+        if cu.dim() != 1:
+            raise ValueError(f"cu_seqlens must be 1-D [n + 1], got shape {list(cu.shape)}")
+        self.cu_seqlens = as_int64("cu_seqlens", cu).to(torch.int32)
+        if self.seg_bounds is not None:
+            self.seg_bounds = tuple(int(b) for b in self.seg_bounds)
+        if self.query_rows is not None:
+            self.query_rows = as_int64("query_rows", self.query_rows).reshape(-1)
+
+    @property
+    def seq_len(self) -> int:
+        return self.type_ids.shape[1]
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.input_ids.shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """Move every tensor (seg_bounds stays a host tuple)."""
+        changes = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **changes)
