@@ -1,0 +1,72 @@
+"""`ObjectiveConfig`: the training objective's knobs (Hydra-instantiable; recorded in the run config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TEXT_WEIGHTINGS = ("none", "inverse_t")
+P_SOURCES = ("sigmoid", "softmax")
+
+
+@dataclass
+class BalanceConfig:
+    """MoE load balancing: an auxiliary loss and/or the auxiliary-loss-free expert-bias update.
+
+    aux_coef:    coefficient of the load-balance loss (0 switches it off).
+    p_source:    "sigmoid" (P from the router's normalised sigmoid scores, what routing uses) or
+                 "softmax" (P from softmax(router_logits), the official `load_balancing_loss_func`).
+    bias_update: switch the sign-rule expert-bias update on (applied once per optimizer step).
+    bias_rate:   step size of that update.
+    """
+
+    aux_coef: float = 0.0
+    p_source: str = "sigmoid"
+    bias_update: bool = True
+    bias_rate: float = 1e-3
+
+    def __post_init__(self) -> None:
+        _check_non_negative("balance.aux_coef", self.aux_coef)
+        _check_non_negative("balance.bias_rate", self.bias_rate)
+        if self.p_source not in P_SOURCES:
+            raise ValueError(f"ObjectiveConfig.balance.p_source={self.p_source!r}: must be one of {P_SOURCES}")
+        if not isinstance(self.bias_update, bool):
+            raise ValueError(f"ObjectiveConfig.balance.bias_update={self.bias_update!r}: must be a bool")
+
+
+@dataclass
+class ObjectiveConfig:
+    """L = text_weight * sum(w(t) CE_text) / N_txt + image_weight * sum_cells(mean_c CE_c) / N_img + balance.
+
+    text_weighting: "none" (w = 1, N_txt = supervised text tokens) or "inverse_t" (w = 1/t with t the
+                    row's noise level, N_txt = text answer tokens, masked or not).
+    validate:       check labels against the output's rows and the row types (one host sync per call).
+    """
+
+    text_weight: float = 1.0
+    image_weight: float = 1.0
+    text_weighting: str = "none"
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
+    validate: bool = True
+
+    def __post_init__(self) -> None:
+        _check_non_negative("text_weight", self.text_weight)
+        _check_non_negative("image_weight", self.image_weight)
+        if self.text_weighting not in TEXT_WEIGHTINGS:
+            raise ValueError(f"ObjectiveConfig.text_weighting={self.text_weighting!r}: "
+                             f"must be one of {TEXT_WEIGHTINGS}")
+        if isinstance(self.balance, Mapping):  # Hydra passes a nested group as a mapping
+            self.balance = BalanceConfig(**dict(self.balance))
+        if not isinstance(self.balance, BalanceConfig):
+            raise ValueError(f"ObjectiveConfig.balance={self.balance!r}: expected a BalanceConfig or a mapping")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"ObjectiveConfig.{name}={value!r}: must be a finite number >= 0")

@@ -1,0 +1,64 @@
+"""Auxiliary-loss-free load balancing: the sign-rule update of each MoE router's `expert_bias`.
+
+Counts accumulate over the micro-batches of one optimizer step (`accumulate`), are summed over the
+data-parallel ranks once, and are applied by `apply` from an optimizer-step hook:
+    bias_i += rate * sign(mean_j load_j - load_i) - mean(update)     (per layer; the update is zero-mean)
+so an overloaded expert's bias goes down, an underloaded one's goes up, and a zero-mean bias stays zero-mean.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lumina.objective.reduce import dp_sum
+
+
+def find_expert_biases(model: nn.Module) -> list[torch.Tensor]:
+    """Every router's `expert_bias` buffer [E], in module order (= MoE layer order of the output lists)."""
+    return [module.expert_bias for _, module in model.named_modules()
+            if isinstance(getattr(module, "expert_bias", None), torch.Tensor)]
+
+
+def sign_rule_update(load: torch.Tensor, rate: float) -> torch.Tensor:
+    """load [L, E] -> zero-mean update [L, E] = rate * sign(mean load - load), minus its per-layer mean."""
+    update = rate * torch.sign(load.mean(dim=-1, keepdim=True) - load)
+    return update - update.mean(dim=-1, keepdim=True)
+
+
+class ExpertBiasUpdater:
+    """Accumulates per-layer expert loads [L, E] over micro-batches; `apply` updates the biases once."""
+
+    def __init__(self, rate: float, group: dist.ProcessGroup | None = None) -> None:
+        self.rate = rate
+        self.group = group
+        self.pending: torch.Tensor | None = None  # float64 [L, E] counts since the last apply
+
+    def accumulate(self, load: torch.Tensor) -> None:
+        """load [L, E] counts of one micro-batch (valid tokens only)."""
+        load = load.detach().double()
+        if self.pending is None:
+            self.pending = load.clone()
+        elif self.pending.shape != load.shape:
+            raise ValueError(f"expert load has shape {list(load.shape)}, earlier micro-batches "
+                             f"{list(self.pending.shape)}")
+        else:
+            self.pending += load.to(self.pending.device)
+
+    @torch.no_grad()
+    def apply(self, biases: list[torch.Tensor]) -> torch.Tensor | None:
+        """Sum the pending counts over ranks (one all_reduce), update each bias [E] in place, reset.
+        Returns the applied update [L, E] (None when nothing was accumulated)."""
+        if self.pending is None:
+            return None
+        if len(biases) != self.pending.shape[0]:
+            raise ValueError(f"got {len(biases)} expert_bias buffers for {self.pending.shape[0]} MoE layers")
+        load = dp_sum(self.pending, self.group)
+        self.pending = None
+        update = sign_rule_update(load, self.rate)
+        for bias, layer_update in zip(biases, update, strict=True):
+            if bias.shape != layer_update.shape:
+                raise ValueError(f"expert_bias has shape {list(bias.shape)}, load {list(layer_update.shape)}")
+            bias.add_(layer_update.to(device=bias.device, dtype=bias.dtype))
+        return update
