@@ -1,0 +1,132 @@
+"""Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout.
+
+Every draw comes from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream),
+so a sample's noisy version is the same in every process and on every resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class NoiseConfig:
+    """block_length: text-answer block size (block id = answer offset // block_length).
+    t_min, t_max: range of the text mask probability t ~ U[t_min, t_max].
+    t_per: draw t once per answer block ("block") or once per sample ("sample").
+    uncond_text_prob / uncond_image_prob: CFG dropout of an image-answer sample's user text / source media."""
+
+    block_length: int = 32
+    t_min: float = 1e-3
+    t_max: float = 1.0
+    t_per: Literal["block", "sample"] = "block"
+    uncond_text_prob: float = 0.1
+    uncond_image_prob: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.block_length <= 0:
+            raise ValueError(f"NoiseConfig.block_length={self.block_length}: must be positive")
+        if not 0.0 <= self.t_min <= self.t_max <= 1.0:
+            raise ValueError(f"NoiseConfig t_min={self.t_min}, t_max={self.t_max}: need 0 <= t_min <= t_max <= 1")
+        if self.t_per not in ("block", "sample"):
+            raise ValueError(f"NoiseConfig.t_per={self.t_per!r}: expected 'block' or 'sample'")
+        for name in ("uncond_text_prob", "uncond_image_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"NoiseConfig.{name}={getattr(self, name)}: must lie in [0, 1]")
+
+
+def stable_seed(*parts: object) -> int:
+    """A 63-bit seed from the parts' text (blake2b; unlike hash(), the same in every process)."""
+    digest = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def sample_generator(seed: int, epoch: int, sample_id: str, stream: str) -> torch.Generator:
+    """The CPU generator for one (seed, epoch, sample, stream); streams ("noise", "cfg") are independent."""
+    gen = torch.Generator()
+    gen.manual_seed(stable_seed(seed, epoch, sample_id, stream))
+    return gen
+
+
+def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tuple[bool, bool]:
+    """(drop_text, drop_image), two independent Bernoulli draws. The layout applies them only where they
+    mean something: drop_text to image-answer samples, drop_image to those whose prompt holds media."""
+    u = torch.rand(2, generator=sample_generator(seed, epoch, sample_id, "cfg"), dtype=torch.float64)
+    return bool(u[0] < cfg.uncond_text_prob), bool(u[1] < cfg.uncond_image_prob)
+
+
+def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator,
+                      fixed_t: float | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Mask decisions for the text answers of one sample (answer tokens incl. EOA, in turn order).
+
+    Returns per answer (masked [n] bool, t [n] float32). Each token is masked with probability t; t is
+    U[t_min, t_max] per block or per sample (`fixed_t` overrides it). A unit with no masked token gets one,
+    chosen uniformly: every block (t_per="block") or every answer (t_per="sample") is supervised.
+    """
+    if fixed_t is not None and not 0.0 <= fixed_t <= 1.0:
+        raise ValueError(f"fixed_t={fixed_t}: must lie in [0, 1]")
+    sample_t = None
+    if cfg.t_per == "sample":
+        sample_t = fixed_t if fixed_t is not None else _uniform_t(1, cfg, gen).item()
+    out = []
+    for n in lengths:
+        if n <= 0:
+            raise ValueError(f"text answer length {n}: must be positive")
+        num_blocks = math.ceil(n / cfg.block_length)
+        block_of = torch.arange(n) // cfg.block_length
+        if sample_t is not None:
+            t = torch.full((n,), sample_t, dtype=torch.float32)
+            unit_of, num_units = torch.zeros(n, dtype=torch.long), 1
+        else:
+            per_block = (torch.full((num_blocks,), fixed_t, dtype=torch.float32) if fixed_t is not None
+                         else _uniform_t(num_blocks, cfg, gen))
+            t = per_block[block_of]
+            unit_of, num_units = block_of, num_blocks
+        masked = torch.rand(n, generator=gen) < t
+        out.append((_at_least_one_per_unit(masked, unit_of, num_units, gen), t))
+    return out
+
+
+def image_mask_count(num_cells: int, gen: torch.Generator, fixed_ratio: float | None = None) -> int:
+    """How many of `num_cells` grid cells to mask: ceil(cos(pi/2 * s) * N), s ~ U[0, 1) (the inference
+    schedule's masked fraction at progress s), clamped to [1, N]. `fixed_ratio` replaces the cosine draw."""
+    if num_cells <= 0:
+        raise ValueError(f"num_cells={num_cells}: must be positive")
+    if fixed_ratio is None:
+        s = torch.rand(1, generator=gen, dtype=torch.float64).item()
+        ratio = math.cos(math.pi / 2 * s)
+    elif 0.0 <= fixed_ratio <= 1.0:
+        ratio = fixed_ratio
+    else:
+        raise ValueError(f"fixed_ratio={fixed_ratio}: must lie in [0, 1]")
+    return min(num_cells, max(1, math.ceil(ratio * num_cells)))
+
+
+def image_answer_noise(num_cells: int, gen: torch.Generator, fixed_ratio: float | None = None) -> torch.Tensor:
+    """[num_cells] bool: exactly `image_mask_count` cells masked, chosen uniformly without replacement."""
+    count = image_mask_count(num_cells, gen, fixed_ratio)
+    masked = torch.zeros(num_cells, dtype=torch.bool)
+    masked[torch.randperm(num_cells, generator=gen)[:count]] = True
+    return masked
+
+
+def _uniform_t(n: int, cfg: NoiseConfig, gen: torch.Generator) -> torch.Tensor:
+    return cfg.t_min + (cfg.t_max - cfg.t_min) * torch.rand(n, generator=gen)
+
+
+def _at_least_one_per_unit(masked: torch.Tensor, unit_of: torch.Tensor, num_units: int,
+                           gen: torch.Generator) -> torch.Tensor:
+    """Mask one uniformly chosen token in every unit that has none (units are contiguous)."""
+    counts = torch.bincount(unit_of[masked], minlength=num_units)
+    sizes = torch.bincount(unit_of, minlength=num_units)
+    starts = torch.cumsum(sizes, 0) - sizes
+    picks = starts + (torch.rand(num_units, generator=gen) * sizes).long().clamp(max=sizes - 1)
+    empty = counts == 0
+    masked = masked.clone()
+    masked[picks[empty]] = True
+    return masked

@@ -1,0 +1,94 @@
+"""`SpecialTokens`: every special id the layout writes, plus the token-space sizes it validates against.
+
+Text ids live in the word vocabulary (`text_vocab_size` rows); image-code ids live in the per-codebook
+image tables (`image_vocab_size` rows), where 0..codebook_size-1 are real codes and the markers sit above.
+`official()` gives the InternLumina-U2 values (contract section 7); a built-in tokenizer passes its own ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# Fields holding ids of the text vocabulary / of the image-code tables.
+TEXT_ID_FIELDS = (
+    "pad", "text_mask", "boa", "eoa", "boi", "eoi", "bov", "eov", "bo3d", "eo3d",
+    "system_open", "system_close", "user_open", "user_close", "uncondition",
+)
+IMAGE_ID_FIELDS = (
+    "image_mask", "image_row_end", "mesh3d_row_end", "mesh3d_layer_end", "video_row_end", "video_group_end",
+)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    # --- text vocabulary ids ---
+    pad: int = 156892
+    text_mask: int = 156895
+    boa: int = 157165
+    eoa: int = 157166
+    boi: int = 157167
+    eoi: int = 157168
+    bov: int = 157171
+    eov: int = 157172
+    bo3d: int = 157169
+    eo3d: int = 157170
+    system_open: int = 157153
+    system_close: int = 157154
+    user_open: int = 157155
+    user_close: int = 157157
+    uncondition: int = 157156
+    # --- image-code table ids ---
+    image_mask: int = 5000
+    image_row_end: int = 5001
+    mesh3d_row_end: int = 5002
+    mesh3d_layer_end: int = 5003
+    video_row_end: int = 5004
+    video_group_end: int = 5005
+    # --- token-space sizes ---
+    text_vocab_size: int = 157184
+    image_vocab_size: int = 5010
+    codebook_size: int = 4096
+    num_codebooks: int = 8
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def official(cls) -> SpecialTokens:
+        """The released model's ids and sizes."""
+        return cls()
+
+    def validate(self) -> None:
+        for name in ("text_vocab_size", "image_vocab_size", "codebook_size", "num_codebooks"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SpecialTokens.{name}={getattr(self, name)}: must be positive")
+        if self.codebook_size > self.image_vocab_size:
+            raise ValueError(f"SpecialTokens.codebook_size={self.codebook_size} exceeds "
+                             f"image_vocab_size={self.image_vocab_size}")
+        for name in TEXT_ID_FIELDS:
+            value = getattr(self, name)
+            if not 0 <= value < self.text_vocab_size:
+                raise ValueError(f"SpecialTokens.{name}={value}: outside the text vocabulary "
+                                 f"[0, {self.text_vocab_size})")
+        for name in IMAGE_ID_FIELDS:
+            value = getattr(self, name)
+            if not self.codebook_size <= value < self.image_vocab_size:
+                raise ValueError(f"SpecialTokens.{name}={value}: must lie in [codebook_size={self.codebook_size}, "
+                                 f"image_vocab_size={self.image_vocab_size}) so it never collides with a code")
+        for fields in (TEXT_ID_FIELDS, IMAGE_ID_FIELDS):
+            seen: dict[int, str] = {}
+            for name in fields:
+                value = getattr(self, name)
+                if value in seen:
+                    raise ValueError(f"SpecialTokens.{name}={value}: same id as {seen[value]}")
+                seen[value] = name
+
+    @property
+    def structural_text_ids(self) -> frozenset[int]:
+        """Ids the layout itself places; a sample's own text must not contain them."""
+        return frozenset(getattr(self, n) for n in (
+            "pad", "text_mask", "boa", "eoa", "boi", "eoi", "bov", "eov", "bo3d", "eo3d"))
+
+    def replace(self, **changes: int) -> SpecialTokens:
+        return dataclasses.replace(self, **changes)
