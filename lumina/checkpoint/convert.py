@@ -1,0 +1,72 @@
+"""Convert an HF checkpoint directory between the split and fused expert layouts (and optionally dtype).
+
+Streams: the writer pulls one tensor at a time from memory-mapped source shards, so memory holds one output
+shard. fused -> split reads expert slices straight from the fused tensor; split -> fused assembles one
+layer's fused tensor from its E slices.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_shapes
+from lumina.checkpoint.layout import Source, Whole, match_checkpoint
+from lumina.checkpoint.reader import HFCheckpoint
+from lumina.checkpoint.save import copy_assets, dtype_name, resolve_dtype
+from lumina.checkpoint.writer import export_plan, prepare_directory, write_shards
+
+
+def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split",
+                       dtype: torch.dtype | str | None = None, max_shard_size: int | str = "5GB",
+                       overwrite: bool = False) -> Path:
+    """Rewrite checkpoint `src` (split, fused or mixed) as `layout` in `dst`, validating every key and shape
+    against src's config.json first. dtype None keeps every tensor bit-exact. config.json (with the layout's
+    model_type), tokenizer files and `*.py` are carried over."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
+    out_dtype = resolve_dtype(dtype)
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise ValueError(f"dst={str(dst)!r} is the source directory; convert into a new directory")
+    checkpoint = HFCheckpoint(src)
+    config = checkpoint.config()
+    expected = official_shapes(config, "fused")
+    sources = match_checkpoint(checkpoint.tensors, expected, where=str(src))
+    entries = [(key, shape, _source_dtype(sources[key])) for key, shape in expected.items()]
+    directory = prepare_directory(dst, overwrite)
+    with ExitStack() as stack:
+        handles: dict[Path, object] = {}
+
+        def handle(file: Path):
+            if file not in handles:
+                handles[file] = stack.enter_context(safe_open(file, framework="pt"))
+            return handles[file]
+
+        def fetch(key: str, expert: int | None) -> torch.Tensor:
+            source = sources[key]
+            if isinstance(source, Whole):
+                opened = handle(source.info.file)
+                return opened.get_tensor(source.key) if expert is None else opened.get_slice(source.key)[expert]
+            if expert is not None:
+                return handle(source.infos[expert].file).get_tensor(source.keys[expert])
+            fused = torch.empty(expected[key], dtype=source.infos[0].dtype)
+            for e, (split_key, info) in enumerate(zip(source.keys, source.infos, strict=True)):
+                fused[e].copy_(handle(info.file).get_tensor(split_key))
+            return fused
+
+        write_shards(directory, export_plan(entries, fetch, layout, out_dtype), max_shard_size)
+    changes = {"model_type": MODEL_TYPE_OF_LAYOUT[layout]}
+    if out_dtype is not None:
+        changes["torch_dtype"] = dtype_name(out_dtype)
+    config.save_hf(directory, **changes)
+    copy_assets(src, directory)
+    return directory
+
+
+def _source_dtype(source: Source) -> torch.dtype:
+    return source.info.dtype if isinstance(source, Whole) else source.infos[0].dtype
+

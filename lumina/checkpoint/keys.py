@@ -1,0 +1,137 @@
+"""Official state-dict names and shapes (contract section 2) and the expert-key grammar of both layouts.
+
+Split layout (`llada2_moe`, what the official loader accepts):
+    model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight   [I, H]
+    model.layers.{i}.mlp.experts.{e}.down_proj.weight        [H, I]
+Fused layout (`llada2_moe_veomni`, what `LuminaModel.state_dict()` holds; no `.weight` suffix):
+    model.layers.{i}.mlp.experts.{gate,up}_proj              [E, I, H]
+    model.layers.{i}.mlp.experts.down_proj                   [E, H, I]
+Slice e of a fused tensor is the split weight of expert e.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from lumina.model.config import LuminaConfig
+
+EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
+LAYOUTS = ("split", "fused")
+MODEL_TYPE_OF_LAYOUT = {"split": "llada2_moe", "fused": "llada2_moe_veomni"}
+
+# The two persistent buffers and the dtype the official model keeps them in.
+_BUFFER_DTYPES = (
+    (re.compile(r"^model\.layers\.\d+\.mlp\.gate\.expert_bias$"), torch.float32),
+    (re.compile(r"^multi_codebook_head\.channel_mask$"), torch.bfloat16),
+)
+_SPLIT_RE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_FUSED_RE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_proj|up_proj|down_proj)$")
+
+
+def split_expert_key(fused_key: str, expert: int) -> str:
+    """`model.layers.3.mlp.experts.up_proj`, 5 -> `model.layers.3.mlp.experts.5.up_proj.weight`."""
+    if not is_fused_expert_key(fused_key):
+        raise ValueError(f"fused_key={fused_key!r} is not a fused expert key (model.layers.{{i}}.mlp.experts.<proj>)")
+    prefix, proj = fused_key.rsplit(".", 1)
+    return f"{prefix}.{expert}.{proj}.weight"
+
+
+def parse_split_expert_key(key: str) -> tuple[str, int] | None:
+    """`...experts.5.up_proj.weight` -> (`...experts.up_proj`, 5); None for any other key (also `experts.05`)."""
+    match = _SPLIT_RE.match(key)
+    if match is None or str(int(match.group(2))) != match.group(2):
+        return None
+    return f"{match.group(1)}.{match.group(3)}", int(match.group(2))
+
+
+def is_fused_expert_key(key: str) -> bool:
+    return _FUSED_RE.match(key) is not None
+
+
+def expert_group(key: str) -> str | None:
+    """The experts module a fused or split expert key belongs to (`model.layers.{i}.mlp.experts`), else None."""
+    parsed = parse_split_expert_key(key)
+    if parsed is not None:
+        key = parsed[0]
+    return key.rsplit(".", 1)[0] if is_fused_expert_key(key) else None
+
+
+def official_buffer_dtype(key: str) -> torch.dtype | None:
+    """dtype of a persistent buffer in the official model (expert_bias fp32, channel_mask bf16); None for
+    parameters."""
+    for pattern, dtype in _BUFFER_DTYPES:
+        if pattern.match(key):
+            return dtype
+    return None
+
+
+def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tuple[int, ...]]:
+    """Every key of the official `LLaDA2MoeModelLM` state dict for `config`, with its shape, in the given
+    expert layout. Generated from the config alone: nothing is allocated."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
+    c = config
+    h, d, n_cb = c.hidden_size, c.hidden_size, c.num_codebooks
+    qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.word_embeddings.weight": (c.vocab_size, h)}
+    for cb in range(n_cb):
+        shapes[f"model.img_embeddings.{cb}.weight"] = (c.image_vocab_size, h)
+    shapes["model.img_embeddings_proj.weight"] = (h, n_cb * h)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "attention.query_key_value.weight"] = (qkv_rows, h)
+        shapes[p + "attention.query_layernorm.weight"] = (c.head_dim,)
+        shapes[p + "attention.key_layernorm.weight"] = (c.head_dim,)
+        shapes[p + "attention.dense.weight"] = (h, c.num_attention_heads * c.head_dim)
+        if not c.is_moe_layer(i):
+            shapes.update(_swiglu_shapes(p + "mlp.", h, c.intermediate_size))
+        else:
+            shapes[p + "mlp.gate.weight"] = (c.num_experts, h)
+            shapes[p + "mlp.gate.expert_bias"] = (c.num_experts,)
+            fused = {"gate_proj": (c.num_experts, c.moe_intermediate_size, h),
+                     "up_proj": (c.num_experts, c.moe_intermediate_size, h),
+                     "down_proj": (c.num_experts, h, c.moe_intermediate_size)}
+            if layout == "fused":
+                shapes.update({f"{p}mlp.experts.{proj}": shape for proj, shape in fused.items()})
+            else:
+                for e in range(c.num_experts):
+                    shapes.update({f"{p}mlp.experts.{e}.{proj}.weight": shape[1:] for proj, shape in fused.items()})
+            if c.num_shared_experts is not None:
+                shapes.update(_swiglu_shapes(p + "mlp.shared_experts.", h, c.shared_expert_size))
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (c.vocab_size, h)
+    for cb in range(n_cb):
+        shapes[f"lm_img_head.{cb}.weight"] = (c.codebook_size, h)
+    shapes.update(_channel_head_shapes(c, d, n_cb))
+    return shapes
+
+
+def _swiglu_shapes(prefix: str, hidden: int, width: int) -> dict[str, tuple[int, ...]]:
+    return {prefix + "gate_proj.weight": (width, hidden), prefix + "up_proj.weight": (width, hidden),
+            prefix + "down_proj.weight": (hidden, width)}
+
+
+def _channel_head_shapes(c: LuminaConfig, d: int, n_cb: int) -> dict[str, tuple[int, ...]]:
+    p = "multi_codebook_head."
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "condition_proj.weight": (d, c.hidden_size), p + "condition_proj.bias": (d,),
+        p + "channel_embed": (1, n_cb, d), p + "timesteps_embeddings": (1, n_cb, d),
+        p + "channel_mask": (n_cb, n_cb),
+    }
+    head_dim, mlp = d // c.channel_heads, c.channel_mlp_ratio * d
+    for b in range(c.channel_depth):
+        q = f"{p}channel_blocks.{b}."
+        for name, out_in in (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
+                             ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)),
+                             ("mlp.fc1", (mlp, d)), ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d))):
+            shapes[f"{q}{name}.weight"] = out_in
+            shapes[f"{q}{name}.bias"] = (out_in[0],)
+    shapes[p + "channel_norm.weight"] = (d,)
+    shapes[p + "channel_norm.bias"] = (d,)
+    shapes[p + "channel_final.adaLN_modulation.1.weight"] = (2 * d, d)
+    shapes[p + "channel_final.adaLN_modulation.1.bias"] = (2 * d,)
+    return shapes

@@ -1,0 +1,143 @@
+"""Stream an HF checkpoint (split, fused or mixed expert layout) into a model, shard by shard.
+
+Tensors still on the meta device are replaced by the checkpoint's (dtype preserved unless `dtype` is given;
+split experts are copied slice by slice into one freshly allocated fused tensor), so loading into a
+meta-initialised model keeps peak memory near one copy of the weights. Tensors that already hold data are
+filled in place and keep their dtype and device.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from lumina.checkpoint.layout import Whole, match_checkpoint
+from lumina.checkpoint.reader import HFCheckpoint
+from lumina.checkpoint.save import resolve_dtype
+from lumina.checkpoint.writer import export_dtype
+
+
+class _Slot:
+    """The parameter or buffer behind one state-dict key."""
+
+    def __init__(self, model: nn.Module, key: str) -> None:
+        module_name, _, self.name = key.rpartition(".")
+        self.key = key
+        self.module = model.get_submodule(module_name)
+        self.is_param = self.name in self.module._parameters
+        if not self.is_param and self.name not in self.module._buffers:
+            raise KeyError(f"{key} is neither a parameter nor a buffer of {module_name or 'the model'}")
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        store = self.module._parameters if self.is_param else self.module._buffers
+        return store[self.name]
+
+    def assign(self, value: torch.Tensor) -> None:
+        if self.is_param:
+            self.module._parameters[self.name] = nn.Parameter(value, requires_grad=self.tensor.requires_grad)
+        else:
+            self.module._buffers[self.name] = value
+
+
+def load_hf_state_dict_into(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None,
+                            device: torch.device | str = "cpu") -> nn.Module:
+    """Load checkpoint directory `path` into `model` (meta-initialised or materialised); returns `model`.
+
+    Keys and shapes are checked against `model.state_dict()` first; every missing, unexpected, mis-shaped or
+    conflicting key is reported in one CheckpointMismatchError. Meta tensors become checkpoint tensors on
+    `device` (parameters cast to `dtype` when given; buffers keep expert_bias fp32 / channel_mask bf16).
+    Materialised tensors are filled in place; `dtype` must then agree with them. Non-persistent buffers are
+    not in the checkpoint and are left as they are."""
+    out_dtype = resolve_dtype(dtype)
+    device = torch.device(device)
+    checkpoint = HFCheckpoint(path)
+    expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    sources = match_checkpoint(checkpoint.tensors, expected, where=str(path))
+    slots = {key: _Slot(model, key) for key in expected}
+    _check_materialised(slots, sources, out_dtype)
+
+    reads: dict[Path, list[tuple[str, str, int | None]]] = defaultdict(list)  # file -> (ckpt key, key, expert)
+    for key, source in sources.items():
+        if isinstance(source, Whole):
+            reads[source.info.file].append((source.key, key, None))
+        else:
+            for expert, (split_key, info) in enumerate(zip(source.keys, source.infos, strict=True)):
+                reads[info.file].append((split_key, key, expert))
+    for file in checkpoint.files:
+        if not reads[file]:
+            continue
+        with safe_open(file, framework="pt") as handle, torch.no_grad():
+            for checkpoint_key, key, expert in reads[file]:
+                _place(slots[key], handle.get_tensor(checkpoint_key), expert, expected[key], out_dtype, device)
+    return model
+
+
+def _check_materialised(slots: dict[str, _Slot], sources: dict[str, Any], out_dtype: torch.dtype | None) -> None:
+    if out_dtype is None:
+        return
+    clashes = []
+    for key, slot in slots.items():
+        current = slot.tensor
+        source = sources[key]
+        source_dtype = source.info.dtype if isinstance(source, Whole) else source.infos[0].dtype
+        wanted = export_dtype(key, source_dtype, out_dtype)
+        if not current.is_meta and current.dtype != wanted:
+            clashes.append(f"{key} ({current.dtype}, wanted {wanted})")
+    if clashes:
+        raise ValueError(f"dtype={out_dtype} but these tensors already hold data in another dtype; cast the model "
+                         f"or build it on the meta device: {', '.join(clashes)}")
+
+
+def _place(slot: _Slot, value: torch.Tensor, expert: int | None, shape: tuple[int, ...],
+           out_dtype: torch.dtype | None, device: torch.device) -> None:
+    """Put checkpoint tensor `value` (slice `expert` of a fused tensor, or the whole tensor) into `slot`."""
+    current = slot.tensor
+    if current.is_meta:
+        wanted = export_dtype(slot.key, value.dtype, out_dtype)
+        if expert is None:
+            slot.assign(value.to(device=device, dtype=wanted))
+            return
+        slot.assign(torch.empty(shape, dtype=wanted, device=device))
+        current = slot.tensor
+    (current if expert is None else current[expert]).copy_(value)
+
+
+def materialise_leftovers(model: nn.Module, device: torch.device | str = "cpu") -> None:
+    """Allocate and re-initialise tensors still on meta after loading (non-persistent buffers such as
+    rotary `inv_freq`) with their module's own `reset_parameters()`. A module that also owns loaded state
+    is refused, since resetting it would overwrite the checkpoint's values."""
+    persistent = set(model.state_dict().keys())
+    for name, module in model.named_modules():
+        own = {**module._parameters, **module._buffers}
+        on_meta = [n for n, t in own.items() if t is not None and t.is_meta]
+        if not on_meta:
+            continue
+        prefix = f"{name}." if name else ""
+        loaded_here = [n for n in own if f"{prefix}{n}" in persistent]
+        if loaded_here or not hasattr(module, "reset_parameters"):
+            raise RuntimeError(f"cannot materialise {[prefix + n for n in on_meta]}: module "
+                               f"{name or type(module).__name__} "
+                               + ("also owns loaded tensors " + str(loaded_here) if loaded_here
+                                  else "has no reset_parameters()"))
+        module.to_empty(device=device, recurse=False)
+        module.reset_parameters()
+
+
+def load_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu",
+                    **config_overrides: Any) -> nn.Module:
+    """Build `LuminaModel(LuminaConfig.from_hf(path/config.json, **config_overrides))` on the meta device and
+    stream the checkpoint into it. dtype None keeps the checkpoint's dtypes."""
+    from lumina.model import LuminaModel  # the model package imports lumina.checkpoint lazily, not at import
+
+    config = HFCheckpoint(path).config(**config_overrides)
+    with torch.device("meta"):
+        model = LuminaModel(config)
+    load_hf_state_dict_into(model, path, dtype=dtype, device=device)
+    materialise_leftovers(model, device)
+    return model
