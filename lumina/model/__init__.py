@@ -1,5 +1,26 @@
 """Single-device InternLumina-U2 model code."""
 
+from lumina.model.channel_head import MultiCodebookHead
 from lumina.model.config import LuminaConfig
+from lumina.model.dispatch import LocalDispatcher, MoEDispatcher
+from lumina.model.experts import GroupedExperts
+from lumina.model.lumina_model import LuminaModel
+from lumina.model.moe import MoE
+from lumina.model.output import LuminaOutput
+from lumina.model.params import active_parameters_per_text_token, count_parameters
+from lumina.model.router import Router, Routing
 
-__all__ = ["LuminaConfig"]
+__all__ = [
+    "GroupedExperts",
+    "LocalDispatcher",
+    "LuminaConfig",
+    "LuminaModel",
+    "LuminaOutput",
+    "MoE",
+    "MoEDispatcher",
+    "MultiCodebookHead",
+    "Router",
+    "Routing",
+    "active_parameters_per_text_token",
+    "count_parameters",
+]

@@ -1,0 +1,162 @@
+"""The multi-codebook channel head (`multi_codebook_head.*`): a small adaLN transformer that runs causally over
+the C codebooks of one image row, so codebook c is predicted from the backbone state h and codes 0..c-1.
+
+Input positions: [cond, emb_0, ..., emb_{C-2}] + channel_embed, cond = condition_proj(h); the adaLN condition at
+position j is cond + timesteps_embeddings[j]. Output position j feeds `lm_img_head[j]` (held by the LM)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lumina.model.config import LuminaConfig
+from lumina.model.layers import Linear, layer_norm
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+def causal_channel_mask(num_codebooks: int, device: torch.device | None = None) -> torch.Tensor:
+    """bf16 [C, C]: 0 on and below the diagonal, -inf above."""
+    upper = torch.ones(num_codebooks, num_codebooks, dtype=torch.bool, device=device).triu(1)
+    mask = torch.zeros(num_codebooks, num_codebooks, device=device).masked_fill(upper, float("-inf"))
+    return mask.to(torch.bfloat16)
+
+
+class ChannelAttention(nn.Module):
+    """Multi-head attention over channel positions with a per-head LayerNorm (weight + bias) on q and k."""
+
+    def __init__(self, dim: int, num_heads: int, std: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = Linear(dim, 3 * dim, bias=True, std=std)
+        self.q_norm = layer_norm(self.head_dim)
+        self.k_norm = layer_norm(self.head_dim)
+        self.proj = Linear(dim, dim, bias=True, std=std)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x [N, L, D], additive mask [L, L] -> [N, L, D]."""
+        n, length, dim = x.shape
+        qkv = self.qkv(x).view(n, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # [N, heads, L, hd]
+        q, k = self.q_norm(q), self.k_norm(k)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
+        return self.proj(out.transpose(1, 2).reshape(n, length, dim))
+
+
+class ChannelMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, std: float) -> None:
+        super().__init__()
+        self.fc1 = Linear(dim, hidden, bias=True, std=std)
+        self.fc2 = Linear(hidden, dim, bias=True, std=std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU
+
+
+class ChannelBlock(nn.Module):
+    """adaLN block; modulation chunks (shift_attn, scale_attn, gate_attn, shift_mlp, scale_mlp, gate_mlp)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: int, std: float) -> None:
+        super().__init__()
+        self.norm1 = layer_norm(dim)
+        self.attn = ChannelAttention(dim, num_heads, std)
+        self.norm2 = layer_norm(dim)
+        self.mlp = ChannelMLP(dim, dim * mlp_ratio, std)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(dim, 6 * dim, bias=True, std=std))
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x, cond [N, L, D]; mask [L, L] -> [N, L, D]."""
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN_modulation(cond).chunk(6, dim=-1)
+        x = x + gate_a * self.attn(modulate(self.norm1(x), shift_a, scale_a), mask)
+        return x + gate_m * self.mlp(modulate(self.norm2(x), shift_m, scale_m))
+
+
+class ChannelFinal(nn.Module):
+    """Final adaLN layer: parameter-free LayerNorm, modulation chunks (scale, shift)."""
+
+    def __init__(self, dim: int, std: float) -> None:
+        super().__init__()
+        self.norm_final = layer_norm(dim, affine=False)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(dim, 2 * dim, bias=True, std=std))
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.adaLN_modulation(cond).chunk(2, dim=-1)
+        return modulate(self.norm_final(x), shift, scale)
+
+
+# sample_fn(logits [N, K], codebook c) -> (tokens int64 [N], probabilities [N])
+SampleFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class MultiCodebookHead(nn.Module):
+    def __init__(self, config: LuminaConfig) -> None:
+        super().__init__()
+        dim = config.hidden_size  # the head's width D equals H
+        std = config.initializer_range
+        self.num_codebooks = config.num_codebooks
+        self.std = std
+        self.condition_proj = Linear(config.hidden_size, dim, bias=True, std=std)
+        self.channel_embed = nn.Parameter(torch.empty(1, config.num_codebooks, dim))
+        self.timesteps_embeddings = nn.Parameter(torch.empty(1, config.num_codebooks, dim))
+        self.register_buffer("channel_mask", causal_channel_mask(config.num_codebooks))
+        self.channel_blocks = nn.ModuleList(
+            ChannelBlock(dim, config.channel_heads, config.channel_mlp_ratio, std)
+            for _ in range(config.channel_depth))
+        self.channel_norm = layer_norm(dim)
+        self.channel_final = ChannelFinal(dim, std)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Own tensors only: bare Parameters N(0, std) [inferred: not fixed by the release], the mask rebuilt."""
+        nn.init.normal_(self.channel_embed, mean=0.0, std=self.std)
+        nn.init.normal_(self.timesteps_embeddings, mean=0.0, std=self.std)
+        with torch.no_grad():
+            self.channel_mask.copy_(causal_channel_mask(self.num_codebooks, self.channel_mask.device))
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module signature
+        super()._apply(fn, recurse)
+        if self.channel_mask.dtype != torch.bfloat16:  # the official buffer is bf16 whatever the model dtype
+            self.channel_mask = self.channel_mask.to(torch.bfloat16)
+        return self
+
+    def run(self, cond: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """cond [N, D] (= condition_proj(h)); prefix [N, L - 1, D] code embeddings -> states [N, L, D]."""
+        length = prefix.shape[1] + 1
+        x = torch.cat([cond.unsqueeze(1), prefix.to(cond.dtype)], dim=1) + self.channel_embed[:, :length]
+        ada = cond.unsqueeze(1) + self.timesteps_embeddings[:, :length]
+        mask = self.channel_mask[:length, :length]
+        for block in self.channel_blocks:
+            x = block(x, ada, mask)
+        return self.channel_final(self.channel_norm(x), ada)
+
+    def forward(self, h: torch.Tensor, code_embeds: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing. h [N, H] backbone states; code_embeds [N, C - 1, H] = img_embeddings[c](code c) for
+        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j]."""
+        if code_embeds.shape[1] != self.num_codebooks - 1:
+            raise ValueError(f"code_embeds has {code_embeds.shape[1]} codebooks, expected {self.num_codebooks - 1}")
+        return self.run(self.condition_proj(h), code_embeds)
+
+    @torch.no_grad()
+    def sample(self, h: torch.Tensor, sample_fn: SampleFn, img_embeddings: nn.ModuleList,
+               lm_img_head: nn.ModuleList) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebook-by-codebook sampling. h [N, H] -> (codes int64 [N, C], probabilities [N, C]).
+
+        For c = 0..C-1: run the blocks on the growing prefix, `lm_img_head[c]` on the last position,
+        `sample_fn(logits [N, K], c)` picks the tokens, `img_embeddings[c]` embeds them into the prefix."""
+        cond = self.condition_proj(h)
+        prefix = cond.new_zeros(h.shape[0], 0, cond.shape[-1])
+        codes, probs = [], []
+        for c in range(self.num_codebooks):
+            states = self.run(cond, prefix)
+            tokens, p = sample_fn(lm_img_head[c](states[:, -1]), c)
+            codes.append(tokens.long())
+            probs.append(p)
+            if c + 1 < self.num_codebooks:
+                prefix = torch.cat([prefix, img_embeddings[c](tokens.long()).to(cond.dtype).unsqueeze(1)], dim=1)
+        return torch.stack(codes, dim=1), torch.stack(probs, dim=1)

@@ -1,0 +1,41 @@
+"""One pre-norm decoder layer: h += Attn(RMSNorm h); h += FFN(RMSNorm h). FFN is a dense SwiGLU for the first
+`first_k_dense_replace` layers and the MoE block after."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lumina.model.attention import Attention
+from lumina.model.config import LuminaConfig
+from lumina.model.layers import RMSNorm
+from lumina.model.mlp import SwiGLU
+from lumina.model.moe import MoE
+from lumina.model.router import Routing
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LuminaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.is_moe_layer(layer_idx):
+            self.mlp: nn.Module = MoE(config)
+        else:
+            self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, std=config.initializer_range)
+
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.mlp, MoE)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                spec: object) -> tuple[torch.Tensor, Routing | None]:
+        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer)."""
+        h = h + self.attention(self.input_layernorm(h), cos, sin, spec)
+        if self.is_moe:
+            ffn, routing = self.mlp(self.post_attention_layernorm(h))
+        else:
+            ffn, routing = self.mlp(self.post_attention_layernorm(h)), None
+        return h + ffn, routing

@@ -1,0 +1,169 @@
+"""`LuminaModel`: the InternLumina-U2 LM (official `LLaDA2MoeModelLM`): backbone + text head + image heads +
+the multi-codebook channel head, with state-dict keys equal to the official fused layout."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lumina.attention import build_spec
+from lumina.data.batch import PackedBatch
+from lumina.model.backbone import Backbone
+from lumina.model.channel_head import MultiCodebookHead, SampleFn
+from lumina.model.config import LuminaConfig
+from lumina.model.layers import Linear
+from lumina.model.moe import MoE
+from lumina.model.output import LuminaOutput
+
+TEXT_ANSWER, IMAGE_ANSWER = 3, 4
+IGNORE = -100
+
+
+def check_finite(enabled: bool, stage: str, *tensors: torch.Tensor) -> None:
+    """Raise FloatingPointError naming `stage` if any tensor holds inf/nan (one host sync; off by default)."""
+    if enabled and not all(bool(torch.isfinite(t).all()) for t in tensors):
+        raise FloatingPointError(f"non-finite values after {stage}")
+
+
+class LuminaModel(nn.Module):
+    def __init__(self, config: LuminaConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        std = config.initializer_range
+        self.model = Backbone(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, std=std)
+        self.lm_img_head = nn.ModuleList(
+            Linear(config.hidden_size, config.codebook_size, std=std) for _ in range(config.num_codebooks))
+        self.multi_codebook_head = MultiCodebookHead(config)
+
+    # ---- construction helpers ----
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter and buffer per the official from-scratch init; use after
+        `to_empty(device=...)` on a model built on the meta device."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def conditional_modules(self) -> dict[str, nn.Module]:
+        """Modules whose use depends on batch contents; each runs exactly once per forward (on empty rows
+        when the batch lacks that modality), so they always join the autograd graph."""
+        return {
+            "word_embeddings": self.model.word_embeddings,
+            "img_embeddings": self.model.img_embeddings,
+            "img_embeddings_proj": self.model.img_embeddings_proj,
+            "lm_head": self.lm_head,
+            "lm_img_head": self.lm_img_head,
+            "multi_codebook_head": self.multi_codebook_head,
+        }
+
+    def moe_layers(self) -> list[MoE]:
+        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
+
+    def track_expert_load(self, enabled: bool = True) -> None:
+        """Turn the per-expert selection counters of every MoE layer on or off."""
+        for moe in self.moe_layers():
+            moe.track_load = enabled
+
+    def expert_load(self, reset: bool = False) -> torch.Tensor:
+        """Selections per expert since the last reset: int64 [num_moe_layers, E]."""
+        layers = self.moe_layers()
+        counts = torch.stack([moe.load_counts.clone() for moe in layers]) if layers else torch.zeros(0, 0)
+        if reset:
+            for moe in layers:
+                moe.load_counts.zero_()
+        return counts
+
+    # ---- public parts for samplers ----
+    def backbone(self, batch: PackedBatch) -> torch.Tensor:
+        """Final-normed hidden states [B, S, H]."""
+        spec = build_spec(batch, backend=self.config.attn_backend, strict=self.config.attn_strict)
+        embeds, _ = self.model.embed(batch.input_ids, batch.type_ids)
+        return self.model.decode(embeds, batch.position_ids, spec)[0]
+
+    def text_head(self, h_rows: torch.Tensor) -> torch.Tensor:
+        """h_rows [N, H] -> text logits [N, V]."""
+        return self.lm_head(h_rows)
+
+    def image_head(self, h_rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: h_rows [N, H], codes int64 [N, C] -> logits [N, C, K]."""
+        return self.codebook_logits(self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1]))
+
+    def codebook_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Channel-head states [N, C, D] -> [N, C, K]: position j through lm_img_head[j]."""
+        return torch.stack([head(states[:, j]) for j, head in enumerate(self.lm_img_head)], dim=1)
+
+    def sample_image_codes(self, h_rows: torch.Tensor, sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebook-by-codebook sampling at h_rows [N, H] -> (codes [N, C], probabilities [N, C]); see
+        `MultiCodebookHead.sample`."""
+        return self.multi_codebook_head.sample(h_rows, sample_fn, self.model.img_embeddings, self.lm_img_head)
+
+    # ---- training forward ----
+    def select_rows(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (text_rows [Nt], image_rows [Ni], teacher-forcing codes [Ni or 0, C]) as flat row indices.
+
+        With labels: text rows are type-3 rows with label column 0 != -100, image rows type-4 rows with any
+        label != -100 (all C labels must then be valid codes). Without labels: the candidates are
+        `batch.query_rows` (all rows if None); text rows are those of type != 4, image rows those of type 4, and
+        there are no teacher-forcing codes."""
+        cfg = self.config
+        types = batch.type_ids.reshape(-1)
+        n_codebooks = cfg.num_codebooks
+        if batch.labels is None:
+            rows = batch.query_rows if batch.query_rows is not None else torch.arange(types.numel())
+            rows = rows.to(types.device)
+            if rows.numel() and bool(((rows < 0) | (rows >= types.numel())).any()):
+                raise ValueError(f"query_rows out of range [0, {types.numel()}): {rows[:8].tolist()}")
+            is_image = types[rows] == IMAGE_ANSWER
+            return rows[~is_image], rows[is_image], batch.input_ids.new_zeros(0, n_codebooks)
+        labels = batch.labels.reshape(types.numel(), -1)
+        labelled = (labels != IGNORE).any(dim=1)
+        wrong_type = labelled & (types != TEXT_ANSWER) & (types != IMAGE_ANSWER)
+        text_rows = ((types == TEXT_ANSWER) & (labels[:, 0] != IGNORE)).nonzero().squeeze(1)
+        image_rows = ((types == IMAGE_ANSWER) & labelled).nonzero().squeeze(1)
+        if bool(wrong_type.any()):
+            raise ValueError(f"labels: rows {wrong_type.nonzero().squeeze(1)[:8].tolist()} carry labels but have "
+                             f"type_ids not in (3, 4); only text (3) and image (4) answers are supervised")
+        text_labels = labels[text_rows, 0]
+        if bool(((text_labels < 0) | (text_labels >= cfg.vocab_size)).any()):
+            raise ValueError(f"labels: text labels outside [0, {cfg.vocab_size}): {text_labels[:8].tolist()}")
+        if image_rows.numel() and labels.shape[1] != n_codebooks:
+            raise ValueError(f"labels has {labels.shape[1]} column(s) but type-4 rows are labelled; image labels "
+                             f"need num_codebooks={n_codebooks} columns")
+        codes = labels[image_rows] if labels.shape[1] == n_codebooks else labels.new_zeros(0, n_codebooks)
+        if bool((codes < 0).any()):
+            raise ValueError("labels: valid image labels must be non-negative (all codebooks of a supervised "
+                             f"type-4 row), got rows {image_rows[(codes < 0).any(1)][:8].tolist()}")
+        if bool((codes >= cfg.codebook_size).any()):
+            raise ValueError(f"labels: image labels must be < codebook_size={cfg.codebook_size}, got "
+                             f"{codes[codes >= cfg.codebook_size][:8].tolist()}")
+        return text_rows, image_rows, codes
+
+    def forward(self, batch: PackedBatch) -> LuminaOutput:
+        cfg = self.config
+        check = cfg.check_finite
+        spec = build_spec(batch, backend=cfg.attn_backend, strict=cfg.attn_strict)
+        text_rows, image_rows, codes = self.select_rows(batch)
+        embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
+        check_finite(check, "embeddings", embeds, code_embeds)
+        hidden, routings = self.model.decode(embeds, batch.position_ids, spec)
+        check_finite(check, "backbone", hidden)
+
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        text_logits = self.lm_head(flat[text_rows])
+        check_finite(check, "text logits", text_logits)
+        forced_rows = image_rows if batch.labels is not None else image_rows[:0]
+        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1])
+        check_finite(check, "channel head", states)
+        image_logits = self.codebook_logits(states)
+        check_finite(check, "image logits", image_logits)
+
+        batch_size, seq = hidden.shape[:2]
+        return LuminaOutput(
+            hidden=hidden, text_logits=text_logits, text_rows=text_rows,
+            image_logits=image_logits, image_rows=image_rows,
+            router_logits=[r.logits.view(batch_size, seq, -1) for r in routings],
+            router_topk_ids=[r.topk_ids.view(batch_size, seq, -1) for r in routings],
+            router_topk_weights=[r.topk_weights.view(batch_size, seq, -1) for r in routings],
+        )

@@ -1,0 +1,50 @@
+"""The sparse MoE block (`mlp` of layers >= first_k_dense_replace): router -> dispatcher -> grouped experts ->
+combine, plus the unweighted shared expert, plus optional per-expert load counters."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lumina.model.config import LuminaConfig
+from lumina.model.dispatch import LocalDispatcher, MoEDispatcher
+from lumina.model.experts import GroupedExperts
+from lumina.model.mlp import SwiGLU
+from lumina.model.router import Router, Routing
+
+
+class MoE(nn.Module):
+    def __init__(self, config: LuminaConfig) -> None:
+        super().__init__()
+        std = config.initializer_range
+        self.num_experts = config.num_experts
+        self.gate = Router(config)
+        self.experts = GroupedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
+                                      backend=config.moe_backend, std=std)
+        if config.num_shared_experts is not None:
+            self.shared_experts = SwiGLU(config.hidden_size, config.shared_expert_size, std=std)
+        else:
+            self.shared_experts = None
+        self.dispatcher: MoEDispatcher = LocalDispatcher()
+        self.track_load = False
+        self.register_buffer("load_counts", torch.zeros(config.num_experts, dtype=torch.int64), persistent=False)
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.load_counts.zero_()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+        """x [B, S, H] -> (y [B, S, H], routing of the B*S tokens)."""
+        flat = x.reshape(-1, x.shape[-1])
+        routing = self.gate(flat)
+        x_local, tokens_per_expert, ctx = self.dispatcher.dispatch(flat, routing.topk_ids, self.num_experts)
+        y = self.dispatcher.combine(self.experts(x_local, tokens_per_expert), routing.topk_weights, ctx)
+        y = y.view_as(x)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y, routing
+
+    def record_load(self, topk_ids: torch.Tensor) -> None:
+        """Add this step's selections to `load_counts` [E] (no-op unless `track_load`)."""
+        if self.track_load:
+            self.load_counts += torch.bincount(topk_ids.reshape(-1), minlength=self.num_experts)

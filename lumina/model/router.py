@@ -1,0 +1,67 @@
+"""The MoE router (`mlp.gate`): fp32 sigmoid scores, group-limited top-k selection on the bias-corrected
+scores, weights from the unbiased scores (official `LLaDA2MoeGate`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lumina.model.config import LuminaConfig
+
+
+@dataclass
+class Routing:
+    """One MoE layer's routing of T tokens: `logits` fp32 [T, E] (pre-sigmoid), `topk_ids` int64 [T, k],
+    `topk_weights` fp32 [T, k] (normalised unbiased scores times routed_scaling_factor)."""
+
+    logits: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+class Router(nn.Module):
+    def __init__(self, config: LuminaConfig) -> None:
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.top_k = config.num_experts_per_tok
+        self.n_group = config.n_group
+        self.topk_group = config.topk_group
+        self.routed_scaling_factor = config.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        # used for selection only; updated from outside (no released code updates it); always fp32
+        self.register_buffer("expert_bias", torch.zeros(config.num_experts, dtype=torch.float32))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        with torch.no_grad():
+            self.expert_bias.zero_()
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module signature
+        super()._apply(fn, recurse)
+        if self.expert_bias.dtype != torch.float32:  # a model-wide .to(bf16) must not round the bias
+            self.expert_bias = self.expert_bias.float()
+        return self
+
+    def select(self, biased: torch.Tensor) -> torch.Tensor:
+        """Group-limited top-k on biased scores [T, E] -> expert ids [T, k] (descending biased score)."""
+        tokens = biased.shape[0]
+        grouped = biased.view(tokens, self.n_group, self.num_experts // self.n_group)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
+        groups = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        keep = keep.unsqueeze(-1).expand_as(grouped).reshape(tokens, self.num_experts)
+        return biased.masked_fill(~keep, float("-inf")).topk(self.top_k, dim=-1).indices
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """x [T, H] (any dtype; the router runs in fp32)."""
+        logits = F.linear(x.float(), self.weight.float())  # [T, E]
+        scores = logits.sigmoid()
+        topk_ids = self.select(scores + self.expert_bias.float())
+        chosen = scores.gather(1, topk_ids)
+        weights = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20) * self.routed_scaling_factor
+        return Routing(logits=logits, topk_ids=topk_ids, topk_weights=weights)
