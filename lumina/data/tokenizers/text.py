@@ -1,0 +1,162 @@
+"""Text tokenizers: the built-in word-level tokenizer of the scene world, and a wrapper for real
+checkpoints' HF `tokenizer.json` (via the `tokenizers` package). Both map text <-> token ids and expose
+their special-token ids by the official token strings (`SPECIAL_TOKEN_STRINGS`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from tokenizers import AddedToken, Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+
+from lumina.data.special_tokens import SpecialTokens
+
+# The official special tokens (contract section 7), plus pad/unk for the built-in vocabulary.
+# The built-in tokenizer gives them ids 0.. in this order (pad = 0, as in `LuminaConfig.tiny()`).
+SPECIAL_TOKEN_STRINGS = (
+    "<|pad|>", "<|unk|>", "<|mask|>", "<system>", "</system>", "<user>", "<uncondition>", "</user>",
+    "<3D_CONTEXT>", "<IMG_CONTEXT>", "<VIDEO_CONTEXT>", "<answer>", "</answer>",
+    "<BOI>", "<EOI>", "<BO3d>", "<EO3d>", "<BOV>", "<EOV>",
+)
+PAD, UNK = "<|pad|>", "<|unk|>"
+
+
+class TextTokenizer(Protocol):
+    vocab_size: int
+    special_ids: dict[str, int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+class WordTokenizer:
+    """Whitespace word-level tokenizer over a closed vocabulary: ids 0..len(SPECIAL_TOKEN_STRINGS)-1 are the
+    special tokens, then `words` in the given order. Unknown words raise (no silent <|unk|>)."""
+
+    def __init__(self, words: Sequence[str]):
+        vocab = list(SPECIAL_TOKEN_STRINGS) + list(words)
+        for i, word in enumerate(vocab):
+            if not word or word != word.strip() or len(word.split()) != 1:
+                raise ValueError(f"words[{i - len(SPECIAL_TOKEN_STRINGS)}]={word!r}: a word must be non-empty "
+                                 "and contain no whitespace")
+        if len(set(vocab)) != len(vocab):
+            dup = sorted({w for w in vocab if vocab.count(w) > 1})
+            raise ValueError(f"words has duplicates (or repeats a special token): {dup}")
+        self.vocab = vocab
+        self._ids = {w: i for i, w in enumerate(vocab)}
+        self.special_ids = {w: self._ids[w] for w in SPECIAL_TOKEN_STRINGS}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def pad_id(self) -> int:
+        return self.special_ids[PAD]
+
+    def token_to_id(self, token: str) -> int:
+        if token not in self._ids:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return self._ids[token]
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for position, word in enumerate(text.split()):
+            if word not in self._ids:
+                raise ValueError(f"text word {position} {word!r} is not in the vocabulary (text={text!r})")
+            ids.append(self._ids[word])
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        words = []
+        for position, i in enumerate(ids):
+            if not 0 <= int(i) < len(self.vocab):
+                raise ValueError(f"ids[{position}]={i}: outside the vocabulary [0, {len(self.vocab)})")
+            if skip_special_tokens and int(i) < len(SPECIAL_TOKEN_STRINGS):
+                continue
+            words.append(self.vocab[int(i)])
+        return " ".join(words)
+
+    def to_hf(self) -> Tokenizer:
+        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel, whitespace split, specials marked)."""
+        tok = Tokenizer(WordLevel(vocab=dict(self._ids), unk_token=UNK))
+        tok.pre_tokenizer = WhitespaceSplit()
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKEN_STRINGS])
+        return tok
+
+    def save(self, path: str | Path) -> Path:
+        """Write an HF `tokenizer.json` (loadable with `tokenizers.Tokenizer.from_file` or `HFTokenizer`)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.to_hf().save(str(path))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> WordTokenizer:
+        """Read back a `tokenizer.json` written by `save` (the WordLevel vocabulary in id order)."""
+        vocab = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+        ordered = sorted(vocab, key=vocab.__getitem__)
+        if [vocab[w] for w in ordered] != list(range(len(ordered))) or \
+                tuple(ordered[:len(SPECIAL_TOKEN_STRINGS)]) != SPECIAL_TOKEN_STRINGS:
+            raise ValueError(f"{path}: not a lumina word-level tokenizer (ids not dense or specials not first)")
+        return cls(ordered[len(SPECIAL_TOKEN_STRINGS):])
+
+
+class HFTokenizer:
+    """A real checkpoint's `tokenizer.json` through the `tokenizers` package. `encode` adds no special tokens;
+    `special_ids` holds the official special strings this vocabulary defines."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.is_dir():
+            self.path = self.path / "tokenizer.json"
+        if not self.path.is_file():
+            raise FileNotFoundError(f"tokenizer file {self.path} does not exist")
+        self.tokenizer = Tokenizer.from_file(str(self.path))
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        self.special_ids = {s: vocab[s] for s in SPECIAL_TOKEN_STRINGS if s in vocab}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int:
+        i = self.tokenizer.token_to_id(token)
+        if i is None:
+            raise KeyError(f"token {token!r} is not in {self.path}")
+        return i
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+
+# SpecialTokens text fields -> the token string that holds each id
+SPECIAL_FIELD_STRINGS = {
+    "pad": "<|pad|>", "text_mask": "<|mask|>", "boa": "<answer>", "eoa": "</answer>", "boi": "<BOI>",
+    "eoi": "<EOI>", "bov": "<BOV>", "eov": "<EOV>", "bo3d": "<BO3d>", "eo3d": "<EO3d>",
+    "system_open": "<system>", "system_close": "</system>", "user_open": "<user>", "user_close": "</user>",
+    "uncondition": "<uncondition>",
+}
+
+
+def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebooks: int,
+                      image_vocab_size: int = 5010, **overrides: int) -> SpecialTokens:
+    """The `SpecialTokens` of a text tokenizer's vocabulary (image-marker ids keep their official values).
+    `overrides` supply ids the vocabulary lacks (e.g. pad=156892 for a checkpoint whose pad has another name)."""
+    ids = {}
+    for field, string in SPECIAL_FIELD_STRINGS.items():
+        if field in overrides:
+            continue
+        if string not in tokenizer.special_ids:
+            raise ValueError(f"tokenizer has no {string!r} token for SpecialTokens.{field}; pass {field}=<id>")
+        ids[field] = tokenizer.special_ids[string]
+    ids.update(overrides)
+    return SpecialTokens(text_vocab_size=tokenizer.vocab_size, codebook_size=codebook_size,
+                         num_codebooks=num_codebooks, image_vocab_size=image_vocab_size, **ids)

@@ -1,0 +1,62 @@
+"""Deterministic ground-truth checker: classify a scene image's colour, shape, size and position from pixels.
+
+Used to score generated images: `check_image(pixels, spec)` is the fraction of the four attributes
+(colour, shape, size, position) that the pixels show correctly; 1.0 means the image is right.
+
+Method: foreground = pixels brighter than mid-grey in any channel; colour = the palette corner nearest the
+foreground's mean RGB; position = the grid cell nearest the foreground's bounding-box centre; shape and size =
+the (shape, size) template, drawn at that centre (+-1 px), with the highest IoU against the foreground.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lumina.data.world.scene import COLOURS, COLS, IMAGE_SIZE, ROWS, SHAPES, SIZES, ObjectSpec, shape_mask
+
+MIN_FOREGROUND_PX = 4
+
+
+def _as_unit_image(pixels: torch.Tensor) -> torch.Tensor:
+    if not isinstance(pixels, torch.Tensor) or pixels.shape != (3, IMAGE_SIZE, IMAGE_SIZE):
+        shape = list(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__
+        raise ValueError(f"pixels has shape {shape}; expected a [3, {IMAGE_SIZE}, {IMAGE_SIZE}] tensor in [-1, 1]")
+    return ((pixels.detach().float().cpu() + 1) / 2).clamp(0, 1)
+
+
+def _nearest(value: float, table: dict[str, int]) -> str:
+    return min(table, key=lambda name: abs(table[name] - value))
+
+
+def classify_image(pixels: torch.Tensor) -> dict[str, str] | None:
+    """{colour, shape, size, position} read from a [3, 32, 32] image in [-1, 1]; None if nothing is drawn."""
+    image = _as_unit_image(pixels)
+    foreground = image.amax(dim=0) > 0.5
+    if int(foreground.sum()) < MIN_FOREGROUND_PX:
+        return None
+    mean_rgb = image[:, foreground].mean(dim=1)
+    rgb = tuple(int(v > 0.5) for v in mean_rgb.tolist())
+    colour = next((name for name, value in COLOURS.items() if value == rgb), "black")
+    ys, xs = torch.nonzero(foreground, as_tuple=True)
+    cx = (int(xs.min()) + int(xs.max()) + 1) / 2
+    cy = (int(ys.min()) + int(ys.max()) + 1) / 2
+    best, best_iou = ("circle", "small"), -1.0
+    for shape in SHAPES:
+        for size, extent in SIZES.items():
+            for ox in (-0.5, 0.0, 0.5):
+                for oy in (-0.5, 0.0, 0.5):
+                    template = shape_mask(shape, extent, cx + ox, cy + oy)
+                    iou = float((template & foreground).sum()) / float((template | foreground).sum())
+                    if iou > best_iou:
+                        best, best_iou = (shape, size), iou
+    position = f"{_nearest(cy, ROWS)} {_nearest(cx, COLS)}"
+    return {"colour": colour, "shape": best[0], "size": best[1], "position": position}
+
+
+def check_image(pixels: torch.Tensor, spec: ObjectSpec) -> float:
+    """Fraction of {colour, shape, size, position} of `spec` that `pixels` [3, 32, 32] in [-1, 1] shows."""
+    found = classify_image(pixels)
+    if found is None:
+        return 0.0
+    truth = {"colour": spec.colour, "shape": spec.shape, "size": spec.size, "position": spec.position}
+    return sum(found[k] == v for k, v in truth.items()) / len(truth)
