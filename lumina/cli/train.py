@@ -1,0 +1,53 @@
+"""`lumina-train`: the Hydra entry point (also `python -m lumina.train`).
+
+Configuration mistakes end the process with one line on stderr and exit status 2; set HYDRA_FULL_ERROR=1
+for the full traceback instead."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def config_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the configuration is wrong" (reported as one line)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lumina.training.errors import ConfigError
+
+    return (ConfigError, HydraException, OmegaConfBaseException, ValueError, FileNotFoundError)
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (Hydra's multi-line messages joined with ' | ')."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " | ".join(lines) or type(error).__name__
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import DictConfig
+
+    from lumina.training.run import run
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+    def _app(cfg: DictConfig) -> None:
+        run(cfg)
+
+    full_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us instead of Hydra's multi-line report
+    try:
+        _app()
+    except config_errors() as error:
+        if full_traceback:
+            raise
+        print(f"lumina-train: error: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Objects of one training run, built from the composed Hydra config (conf/train.yaml)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lumina.model.config import LuminaConfig
+from lumina.objective import ObjectiveConfig
+from lumina.training.errors import ConfigError
+from lumina.training.module import LuminaModule
+from lumina.training.optim import OptimConfig
+
+PRESETS = ("tiny", "official")
+MODEL_KEYS = ("preset", "init_from", "freeze", "meta_init", "config")
+
+
+def plain(node: Any) -> Any:
+    """A config node as plain Python containers (interpolations resolved)."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def check_requirements(cfg: DictConfig) -> None:
+    if cfg.get("requires_cuda", False) and not torch.cuda.is_available():
+        raise ConfigError("requires_cuda=true: this configuration needs a CUDA GPU and none is visible")
+
+
+def model_config(cfg: DictConfig) -> LuminaConfig:
+    """cfg.model -> LuminaConfig: the preset (or init_from's config.json) with cfg.model.config applied."""
+    node = cfg.model
+    unknown = sorted(set(node.keys()) - set(MODEL_KEYS))
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]}: unknown key (expected one of {MODEL_KEYS}; architecture fields "
+                          f"go under model.config)")
+    overrides = plain(node.get("config")) or {}
+    fields = {f.name for f in dataclasses.fields(LuminaConfig)}
+    for key in overrides:
+        if key not in fields:
+            raise ConfigError(f"model.config.{key}: not a LuminaConfig field")
+    init_from = node.get("init_from")
+    if init_from is not None:
+        config_json = Path(init_from) / "config.json"
+        if not config_json.is_file():
+            raise ConfigError(f"model.init_from={init_from!r}: no config.json there (expected an HF checkpoint "
+                              "directory)")
+        return LuminaConfig.from_hf(config_json, **overrides)
+    preset = node.get("preset")
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset={preset!r}: must be one of {PRESETS} (or set model.init_from)")
+    return getattr(LuminaConfig, preset)(**overrides)
+
+
+def module(cfg: DictConfig) -> LuminaModule:
+    objective = ObjectiveConfig(**plain(cfg.objective))
+    optim = OptimConfig(**plain(cfg.optim))
+    return LuminaModule(model_config(cfg), objective=objective, optim=optim,
+                        init_from=cfg.model.get("init_from"), freeze=plain(cfg.model.get("freeze")) or [],
+                        meta_init=bool(cfg.model.get("meta_init", False)))
+
+
+def callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """Every non-null entry of cfg.callbacks; progress bars are dropped when the trainer disables them."""
+    out = []
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if node is None:
+            continue
+        if "_target_" not in node:
+            raise ConfigError(f"callbacks.{name}: needs a _target_ (or null to switch it off)")
+        callback = hydra.utils.instantiate(node)
+        if isinstance(callback, L.pytorch.callbacks.ProgressBar) and not cfg.trainer.get("enable_progress_bar",
+                                                                                          True):
+            continue
+        out.append(callback)
+    return out
+
+
+def loggers(cfg: DictConfig) -> list[L.pytorch.loggers.Logger]:
+    return [hydra.utils.instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
+
+
+def strategy(cfg: DictConfig) -> Any:
+    node = cfg.get("strategy")
+    if node is None:
+        return "auto"
+    if "_target_" in node:
+        return hydra.utils.instantiate(node)
+    return node.get("name", "auto")
+
+
+def trainer(cfg: DictConfig, callback_list: list[L.Callback], logger_list: list) -> L.Trainer:
+    kwargs = plain(cfg.trainer)
+    return L.Trainer(**kwargs, strategy=strategy(cfg), callbacks=callback_list,
+                     logger=logger_list if logger_list else False,
+                     default_root_dir=str(cfg.paths.output_dir))
+
+
+def resume_path(cfg: DictConfig, callback_list: list[L.Callback]) -> str | None:
+    """cfg.ckpt_path: "last" -> <checkpoint dir>/last.ckpt when it exists (else a fresh start); a path must
+    exist; null -> fresh start."""
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        for callback in callback_list:
+            if isinstance(callback, L.pytorch.callbacks.ModelCheckpoint) and callback.dirpath:
+                last = Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+                if last.is_file():
+                    return str(last)
+        return None
+    if not Path(ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path!r}: no such checkpoint file")
+    return str(ckpt_path)

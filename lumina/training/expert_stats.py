@@ -1,0 +1,48 @@
+"""Scalars and a heatmap that describe how evenly the router spreads tokens over the experts."""
+
+from __future__ import annotations
+
+import torch
+
+
+def load_stats(load: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-layer balance statistics of a token-count matrix.
+
+    load: [L, E] tokens routed to each expert of each MoE layer (any numeric dtype).
+    Returns [L] float64 tensors:
+        max_over_mean  max_e load / mean_e load (1 = perfectly even; 0 for a layer that saw no token)
+        cv             std_e load / mean_e load, population std (0 for a layer that saw no token)
+        dead           number of experts that received no token
+    """
+    if load.dim() != 2:
+        raise ValueError(f"load must have shape [L, E], got {list(load.shape)}")
+    x = load.detach().to(torch.float64).cpu()
+    mean = x.mean(dim=1)
+    safe = torch.where(mean > 0, mean, torch.ones_like(mean))
+    max_over_mean = torch.where(mean > 0, x.max(dim=1).values / safe, torch.zeros_like(mean))
+    cv = torch.where(mean > 0, x.std(dim=1, correction=0) / safe, torch.zeros_like(mean))
+    dead = (x == 0).sum(dim=1).to(torch.float64)
+    return {"max_over_mean": max_over_mean, "cv": cv, "dead": dead}
+
+
+def draw_heatmap(load: torch.Tensor, first_layer: int = 0, title: str = "expert load"):
+    """A matplotlib Figure of the [L, E] load, each row as a share of that layer's tokens (rows sum to 1).
+    Row labels are absolute layer indices starting at `first_layer`."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    x = load.detach().to(torch.float64).cpu()
+    share = x / x.sum(dim=1, keepdim=True).clamp_min(1.0)
+    num_layers, num_experts = share.shape
+    fig = Figure(figsize=(min(2.0 + 0.05 * num_experts, 16.0), 1.2 + 0.3 * num_layers), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(share.numpy(), aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(num_layers), [str(first_layer + i) for i in range(num_layers)])
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="share of the layer's tokens")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,28 @@
+"""`HFExportCallback`: at the end of training, rank 0 writes the weights as an HF checkpoint directory in the
+official split layout (safetensors + config.json, plus the tokenizer files of the source checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+
+from lumina.checkpoint.save import save_pretrained
+
+
+class HFExportCallback(L.Callback):
+    def __init__(self, dirpath: str, layout: str = "split", dtype: str | None = None,
+                 max_shard_size: str = "5GB") -> None:
+        self.dirpath = Path(dirpath)
+        self.layout = layout
+        self.dtype = dtype
+        self.max_shard_size = max_shard_size
+        self.exported: Path | None = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        source_dir = getattr(pl_module, "init_from", None)
+        self.exported = save_pretrained(pl_module.model, self.dirpath, layout=self.layout, dtype=self.dtype,
+                                        max_shard_size=self.max_shard_size, source_dir=source_dir,
+                                        overwrite=True)

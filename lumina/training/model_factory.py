@@ -1,0 +1,34 @@
+"""`build_model`: a LuminaModel, freshly initialised or loaded from an HF checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lumina.model.config import LuminaConfig
+
+
+def build_model(config: LuminaConfig, init_from: str | Path | None = None, meta_init: bool = False,
+                device: torch.device | str = "cpu") -> nn.Module:
+    """init_from: an HF directory; the model is built on the meta device and the checkpoint streamed in
+    (parameters in the current default dtype, so fp32 master weights unless the precision is "-true").
+    meta_init: build on meta, then allocate on `device` and run every module's `reset_parameters()` (LuminaModel.init_weights).
+    Otherwise build directly (on the default device of the caller's context)."""
+    from lumina.checkpoint import load_hf_state_dict_into, materialise_leftovers
+    from lumina.model import LuminaModel
+
+    if init_from is not None:
+        with torch.device("meta"):
+            model = LuminaModel(config)
+        load_hf_state_dict_into(model, init_from, dtype=torch.get_default_dtype(), device=device)
+        materialise_leftovers(model, device)
+        return model
+    if meta_init:
+        with torch.device("meta"):
+            model = LuminaModel(config)
+        model.to_empty(device=device)
+        model.init_weights()
+        return model
+    return LuminaModel(config)

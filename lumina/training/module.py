@@ -1,0 +1,205 @@
+"""`LuminaModule`: the LightningModule that trains a `LuminaModel` with the `LuminaObjective`.
+
+Per micro-batch: forward -> objective -> backward (Lightning). Per optimizer step: gradient clipping
+(Trainer), AdamW + warmup/cosine, the expert-bias update, and one set of logged scalars aggregated over the
+step's micro-batches and the data-parallel ranks (losses, supervised tokens, tokens/s, lr, grad norm,
+text / per-codebook accuracy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from lumina.data.batch import PackedBatch
+from lumina.model.config import LuminaConfig
+from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult, gather_targets, normalize_labels
+from lumina.training.freeze import freeze_parameters
+from lumina.training.metrics import TokenAccuracies
+from lumina.training.model_factory import build_model
+from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
+
+
+class LuminaModule(L.LightningModule):
+    """model_config: the architecture; init_from: an HF directory whose weights are loaded in
+    `configure_model` (None = fresh init); freeze: parameter-name globs kept frozen and out of the optimizer;
+    meta_init: build on the meta device first, then materialise (what a sharding strategy needs)."""
+
+    def __init__(self, model_config: LuminaConfig, objective: ObjectiveConfig | None = None,
+                 optim: OptimConfig | None = None, init_from: str | None = None,
+                 freeze: Sequence[str] = (), meta_init: bool = False) -> None:
+        super().__init__()
+        self.model_config = model_config
+        self.optim_config = optim or OptimConfig()
+        self.init_from = init_from
+        self.freeze_globs = list(freeze)
+        self.meta_init = meta_init
+        self.objective = LuminaObjective(objective or ObjectiveConfig())
+        self.save_hyperparameters({
+            "model": _plain(model_config), "objective": _plain(self.objective.config),
+            "optim": _plain(self.optim_config), "init_from": init_from, "freeze": self.freeze_globs,
+        })
+        self.model: torch.nn.Module | None = None
+        self.frozen_names: list[str] = []
+        sizes = (model_config.vocab_size, model_config.codebook_size, model_config.num_codebooks)
+        self.train_acc = TokenAccuracies(*sizes)
+        self.val_acc = TokenAccuracies(*sizes)
+        # per-optimizer-step bookkeeping (local to this rank)
+        self._step_sums: dict[str, torch.Tensor] = {}
+        self._step_micro = 0
+        self._step_t0: float | None = None
+        self._grad_norm: torch.Tensor | None = None
+        self.step_completed = False  # true between an optimizer step and the end of its batch hooks
+        self.last_step_expert_load: torch.Tensor | None = None  # [L, E] counts of the last optimizer step
+        self._expert_load_accum: torch.Tensor | None = None
+        self.loss_history: list[float] = []  # train/loss per optimizer step (this process)
+
+    # ---- model ----
+    def configure_model(self) -> None:
+        """Build the model once (a strategy may call this inside its sharding context)."""
+        if self.model is not None:
+            return
+        model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
+                            device=self.device)
+        self.frozen_names = freeze_parameters(model, self.freeze_globs)
+        self.model = model
+
+    def forward(self, batch: PackedBatch):
+        return self.model(batch)
+
+    def setup(self, stage: str) -> None:
+        group = getattr(self.trainer.strategy, "dp_process_group", None)
+        self.objective.group = group
+        self.objective.bias_updater.group = group
+        self.train_acc.set_process_group(group)
+        self.val_acc.set_process_group(group)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        if isinstance(batch, PackedBatch):
+            return batch.to(device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    # ---- steps ----
+    def _objective(self, batch: PackedBatch) -> tuple[ObjectiveResult, torch.Tensor, torch.Tensor]:
+        """Forward + objective; also the image predictions and targets [Ni, C] for the accuracies."""
+        output = self.model(batch)
+        result = self.objective(output, batch)
+        with torch.no_grad():
+            labels = normalize_labels(batch.labels, batch.input_ids)
+            image_targets = gather_targets(labels, output.text_rows, output.image_rows).image
+            image_preds = output.image_logits.argmax(dim=-1)
+        return result, image_preds, image_targets
+
+    def training_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
+        result, image_preds, image_targets = self._objective(batch)
+        self.train_acc.update(result.text_preds, result.text_targets, image_preds, image_targets)
+        self._accumulate(result, batch)
+        return result.loss
+
+    def validation_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
+        result, image_preds, image_targets = self._objective(batch)
+        self.val_acc.update(result.text_preds, result.text_targets, image_preds, image_targets)
+        log = dict(on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
+        self.log("val/loss", result.loss.detach(), prog_bar=True, **log)
+        self.log("val/text_loss", result.text_loss, **log)
+        self.log("val/image_loss", result.image_loss, **log)
+        for c, value in enumerate(result.image_loss_per_codebook):
+            self.log(f"val/image_loss/cb{c}", value, **log)
+        return result.loss
+
+    def on_validation_epoch_end(self) -> None:
+        for name, value in self.val_acc.compute().items():
+            self.log(f"val/{name}", value, on_step=False, on_epoch=True)
+        self.val_acc.reset()
+
+    # ---- per-optimizer-step bookkeeping ----
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._step_t0 is None:
+            self._step_t0 = time.perf_counter()
+
+    def _accumulate(self, result: ObjectiveResult, batch: PackedBatch) -> None:
+        values = {
+            "loss": result.loss.detach(), "text_loss": result.text_loss, "image_loss": result.image_loss,
+            "balance_loss": result.balance_loss, "image_loss_cb": result.image_loss_per_codebook,
+            "text_tokens": result.num_text_global, "image_tokens": result.num_image_global,
+            "tokens": batch.token_valid.sum(),
+        }
+        for key, value in values.items():
+            value = value.detach().to(torch.float64)
+            self._step_sums[key] = self._step_sums[key] + value if key in self._step_sums else value
+        load = result.expert_load.detach().to(torch.float64)
+        self._expert_load_accum = load if self._expert_load_accum is None else self._expert_load_accum + load
+        self._step_micro += 1
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self._grad_norm = (torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
+                                                                 for g in grads]))
+                           if grads else torch.zeros((), device=self.device))
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self.objective.on_optimizer_step(self.model)  # expert-bias update, once per optimizer step
+        self.last_step_expert_load = self._expert_load_accum
+        self._expert_load_accum = None
+        self.step_completed = True
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self.step_completed:
+            return
+        self.step_completed = False
+        elapsed = time.perf_counter() - (self._step_t0 or time.perf_counter())
+        sums, micro = self._step_sums, self._step_micro
+        self._step_sums, self._step_micro, self._step_t0 = {}, 0, None
+        # losses: mean over micro-batches, then over ranks; token counts are already global (text/image),
+        # the processed-token count is summed over ranks.
+        means = torch.cat([torch.stack([sums[k] for k in ("loss", "text_loss", "image_loss", "balance_loss")]),
+                           sums["image_loss_cb"]]) / micro
+        means = self.trainer.strategy.reduce(means, reduce_op="mean")
+        tokens = self.trainer.strategy.reduce(sums["tokens"], reduce_op="sum")
+        loss, text_loss, image_loss, balance_loss = means[:4].tolist()
+        self.loss_history.append(loss)
+        scalars = {
+            "train/loss": loss, "train/text_loss": text_loss, "train/image_loss": image_loss,
+            "train/balance_loss": balance_loss,
+            "train/text_tokens": sums["text_tokens"].item(), "train/image_tokens": sums["image_tokens"].item(),
+            "train/supervised_tokens": (sums["text_tokens"] + sums["image_tokens"]).item(),
+            "train/tokens_per_sec": tokens.item() / max(elapsed, 1e-9),
+            "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+        }
+        scalars.update({f"train/image_loss/cb{c}": v for c, v in enumerate(means[4:].tolist())})
+        if self._grad_norm is not None:
+            scalars["train/grad_norm"] = self._grad_norm.item()
+        scalars.update({f"train/{k}": v.item() for k, v in self.train_acc.compute().items()})
+        self.train_acc.reset()
+        self.log_dict(scalars, on_step=True, on_epoch=False, batch_size=1)
+        self.log("loss", loss, prog_bar=True, logger=False, on_step=True, batch_size=1)
+
+    # ---- optimisation ----
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.model, self.optim_config)
+        scheduler = build_scheduler(optimizer, self.optim_config, self.trainer.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ---- exact resume: RNG state travels with the checkpoint ----
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lumina_rng"] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                                    "python": random.getstate()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("lumina_rng")
+        if state is not None:
+            torch.set_rng_state(state["torch"])
+            np.random.set_state(state["numpy"])
+            random.setstate(state["python"])
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
