@@ -20,7 +20,13 @@ import torch
 
 from lumina.data.batch import PackedBatch
 from lumina.model.config import LuminaConfig
-from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult, gather_targets, normalize_labels
+from lumina.objective import (
+    LuminaObjective,
+    ObjectiveConfig,
+    ObjectiveResult,
+    gather_targets,
+    normalize_labels,
+)
 from lumina.training.freeze import freeze_parameters
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.model_factory import build_model
