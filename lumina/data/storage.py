@@ -176,8 +176,9 @@ class ShardWriter:
         validate_sample(sample, self.tokens)
         if sample.id in self._ids:
             raise ValueError(f"sample.id={sample.id!r} is written twice")
+        row = sample_to_row(sample, sample_lengths(sample, self.length_fn))
         self._ids.add(sample.id)
-        self._rows.append(sample_to_row(sample, sample_lengths(sample, self.length_fn)))
+        self._rows.append(row)
         self.num_rows += 1
         if len(self._rows) >= self.rows_per_shard:
             self._flush()

@@ -1,0 +1,268 @@
+"""`lumina-data build`: JSONL manifests (+ official token files) -> Parquet sample shards.
+
+Manifest schema: one JSON object per line (blank lines are ignored; a row is named by its file and 1-based
+line number):
+
+    {"id": "s-0001",                                  required, unique across the build
+     "source": "mydata",                              optional mixture source name (default: --source)
+     "turns": [                                       required, non-empty, in order
+       {"role": "system" | "user" | "assistant",
+        "parts": [                                    required, in order
+          {"kind": "text", "ids": [12, 7, 99]},      text as token ids
+          {"kind": "text", "text": "a red circle"},  text as a string (needs a tokenizer)
+          {"kind": "image", "path": "tok/0001.pt"},  an official token file, relative to the manifest
+          {"kind": "image", "codes": [[c0, .., cC-1], ...], "grid": [h, w]},          inline codes [N, C]
+          {"kind": "video", "path": "v.pt"}, {"kind": "mesh3d", "path": "m.pt", "grid": [z, y, x]}
+        ]}]}
+
+Token files are dicts saved with `torch.save`, holding "indices" (int [N, C]) and "coords" (int [N, k]); they
+are read with `torch.load(..., weights_only=True)` (never plain pickle). Coordinate conventions (origin 0,
+cells must appear in row-major order of the grid, other columns constant):
+    image   k=5 (batch, time, row, col, 0) or k=4 (batch, time, row, col);  grid (h, w), order row, col
+    video   k=5 (batch, t, x, y, z) or k=4 (batch, t, x, y);               grid (t, h, w), order t, y, x
+    mesh3d  k=5 (batch, t, x, y, z) or k=3 (x, y, z);                      grid (z, y, x), order z, y, x
+A "grid" given next to a "path" must equal the grid the coords describe. Codes must lie in
+[0, codebook_size) and have C = num_codebooks columns.
+
+Errors (missing fields, bad roles, out-of-range codes, grid/coords mismatch, unreadable token files,
+duplicate ids, samples the layout rejects) raise `BuildError` naming the manifest file and line (and the
+token file). With on_error="skip" the row is skipped instead, and every skipped row is counted and listed in
+the `BuildReport` (and `build_report.json` next to the shards). Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
+from lumina.data.special_tokens import SpecialTokens
+from lumina.data.storage import LengthFn, ShardWriter
+from lumina.data.tokenizers.text import TextTokenizer
+
+ROLES = ("system", "user", "assistant")
+# per kind and coords width: (column of each grid axis in grid order) for row-major checking
+COORD_AXES: dict[str, dict[int, tuple[int, ...]]] = {
+    "image": {5: (2, 3), 4: (2, 3)},          # (row, col)
+    "video": {5: (1, 3, 2), 4: (1, 3, 2)},    # (t, y, x)
+    "mesh3d": {5: (4, 3, 2), 3: (2, 1, 0)},   # (z, y, x)
+}
+
+
+class BuildError(ValueError):
+    """A manifest row that cannot be built; the message starts with 'file:line:'."""
+
+
+@dataclass
+class Skipped:
+    manifest: str
+    line: int
+    reason: str
+
+
+@dataclass
+class BuildReport:
+    rows_written: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+
+    @property
+    def rows_skipped(self) -> int:
+        return len(self.skipped)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows_written": self.rows_written, "rows_skipped": self.rows_skipped, "shards": self.shards,
+                "skipped": [asdict(s) for s in self.skipped]}
+
+
+class _RowError(Exception):
+    """Internal: a reason without the file:line prefix."""
+
+
+# ---- token files ----
+def load_token_file(path: Path, kind: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """(indices [N, C] int64, grid) from an official token file; checks coords against the grid."""
+    if not path.is_file():
+        raise _RowError(f"token file {path} does not exist")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a corrupt file or a pickle that weights_only refuses
+        raise _RowError(f"token file {path} cannot be read with torch.load(weights_only=True): {exc}") from exc
+    if not isinstance(data, dict) or "indices" not in data or "coords" not in data:
+        got = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise _RowError(f"token file {path} must be a dict with 'indices' and 'coords', got {got}")
+    indices, coords = data["indices"], data["coords"]
+    for name, t in (("indices", indices), ("coords", coords)):
+        if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 2:
+            desc = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise _RowError(f"token file {path}: {name} must be a 2-D integer tensor, got {desc}")
+    if coords.shape[0] != indices.shape[0]:
+        raise _RowError(f"token file {path}: coords has {coords.shape[0]} rows, indices has {indices.shape[0]}")
+    axes = COORD_AXES[kind].get(coords.shape[1])
+    if axes is None:
+        raise _RowError(f"token file {path}: {kind} coords have {coords.shape[1]} columns, expected one of "
+                        f"{sorted(COORD_AXES[kind])}")
+    coords = coords.long()
+    if coords.shape[0] == 0:
+        raise _RowError(f"token file {path}: no tokens (N = 0)")
+    if (coords < 0).any():
+        raise _RowError(f"token file {path}: coords has negative values")
+    grid = tuple(int(coords[:, a].max()) + 1 for a in axes)
+    n = coords.shape[0]
+    if n != math.prod(grid):
+        raise _RowError(f"token file {path}: N={n} tokens but coords span the grid {grid} "
+                        f"({math.prod(grid)} cells)")
+    flat = torch.arange(n)
+    for depth, a in enumerate(axes):
+        expected = (flat // math.prod(grid[depth + 1:])) % grid[depth]
+        wrong = (coords[:, a] != expected).nonzero()
+        if len(wrong):
+            i = int(wrong[0])
+            raise _RowError(f"token file {path}: coords are not in row-major order of grid {grid}: token {i} "
+                            f"has coords {coords[i].tolist()}")
+    others = [c for c in range(coords.shape[1]) if c not in axes]
+    for c in others:
+        if (coords[:, c] != coords[0, c]).any():
+            raise _RowError(f"token file {path}: coords column {c} varies; one file holds one {kind}")
+    return indices.long(), grid
+
+
+# ---- rows ----
+def _require(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise _RowError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise _RowError(f"{where}.{key}={value!r}: expected {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _int_list(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise _RowError(f"{where}={str(value)[:80]}: expected a list of integers")
+    return value
+
+
+def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
+               tokenizer: TextTokenizer | None) -> Text | Media:
+    if not isinstance(part, dict):
+        raise _RowError(f"{where}={part!r}: expected an object")
+    kind = _require(part, "kind", str, where)
+    if kind == "text":
+        if ("ids" in part) == ("text" in part):
+            raise _RowError(f"{where}: a text part needs exactly one of 'ids' or 'text'")
+        if "text" in part:
+            text = _require(part, "text", str, where)
+            if tokenizer is None:
+                raise _RowError(f"{where}.text: a string needs a tokenizer (pass --tokenizer), or give 'ids'")
+            try:
+                ids = tokenizer.encode(text)
+            except ValueError as exc:
+                raise _RowError(f"{where}.text: {exc}") from exc
+        else:
+            ids = _int_list(part["ids"], f"{where}.ids")
+        bad = [i for i in ids if not 0 <= i < tokens.text_vocab_size]
+        if bad:
+            raise _RowError(f"{where}.ids has values outside [0, {tokens.text_vocab_size}), e.g. {bad[:4]}")
+        return Text(list(ids))
+    if kind not in GRID_RANK:
+        raise _RowError(f"{where}.kind={kind!r}: expected 'text' or one of {sorted(GRID_RANK)}")
+    grid = None
+    if "grid" in part:
+        grid = tuple(_int_list(part["grid"], f"{where}.grid"))
+    if ("path" in part) == ("codes" in part):
+        raise _RowError(f"{where}: a {kind} part needs exactly one of 'path' or 'codes'")
+    if "path" in part:
+        path = Path(_require(part, "path", str, where))
+        codes, found = load_token_file(path if path.is_absolute() else base_dir / path, kind)
+        if grid is not None and grid != found:
+            raise _RowError(f"{where}.grid={list(grid)} disagrees with the grid {list(found)} of token file {path}")
+        grid = found
+    else:
+        if grid is None:
+            raise _RowError(f"{where}: inline codes need a 'grid'")
+        rows = part["codes"]
+        if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+            raise _RowError(f"{where}.codes: expected a list of [C] integer lists")
+        for r, row in enumerate(rows):
+            _int_list(row, f"{where}.codes[{r}]")
+        if len({len(r) for r in rows}) > 1:
+            raise _RowError(f"{where}.codes: rows have different lengths")
+        codes = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1)
+    media = Media(kind, codes, grid)
+    try:
+        media.validate(tokens.codebook_size, tokens.num_codebooks, where=where)
+    except ValueError as exc:
+        source = f" (token file {part['path']})" if "path" in part else ""
+        raise _RowError(f"{exc}{source}") from exc
+    return media
+
+
+def parse_row(obj: Any, base_dir: Path, tokens: SpecialTokens, tokenizer: TextTokenizer | None,
+              default_source: str) -> Sample:
+    if not isinstance(obj, dict):
+        raise _RowError(f"row is {type(obj).__name__}; expected a JSON object")
+    sid = _require(obj, "id", str, "row")
+    if not sid:
+        raise _RowError("row.id is empty")
+    source = _require(obj, "source", str, "row") if "source" in obj else default_source
+    turns_in = _require(obj, "turns", list, "row")
+    if not turns_in:
+        raise _RowError("row.turns is empty")
+    turns = []
+    for k, turn in enumerate(turns_in):
+        where = f"turns[{k}]"
+        if not isinstance(turn, dict):
+            raise _RowError(f"{where}={turn!r}: expected an object")
+        role = _require(turn, "role", str, where)
+        if role not in ROLES:
+            raise _RowError(f"{where}.role={role!r}: expected one of {ROLES}")
+        parts = _require(turn, "parts", list, where)
+        turns.append(Turn(role, [parse_part(p, f"{where}.parts[{j}]", base_dir, tokens, tokenizer)
+                                 for j, p in enumerate(parts)]))
+    return Sample(sid, turns, source=source)
+
+
+def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: SpecialTokens,
+                 tokenizer: TextTokenizer | None = None, length_fn: LengthFn | None = None,
+                 on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
+                 source: str = "default") -> BuildReport:
+    """Build Parquet shards under `out_dir` from JSONL manifests (see the module docstring).
+
+    on_error="raise": the first bad row raises BuildError('file:line: reason'); "skip": bad rows are skipped
+    and listed in the report. The report is also written to out_dir/build_report.json."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+    report = BuildReport()
+    writer = ShardWriter(out_dir, tokens, length_fn, rows_per_shard)
+    for manifest in map(Path, manifests):
+        if not manifest.is_file():
+            raise FileNotFoundError(f"manifest {manifest} does not exist")
+        with manifest.open() as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise _RowError(f"invalid JSON: {exc}") from exc
+                    sample = parse_row(obj, manifest.parent, tokens, tokenizer, source)
+                    try:
+                        writer.write(sample)  # validates, computes laid-out lengths (the layout's checks)
+                    except ValueError as exc:
+                        raise _RowError(str(exc)) from exc
+                except _RowError as exc:
+                    message = f"{manifest}:{line_no}: {exc}"
+                    if on_error == "raise":
+                        raise BuildError(message) from exc  # shards already flushed stay; no report
+                    report.skipped.append(Skipped(str(manifest), line_no, str(exc)))
+    report.shards = [str(p) for p in writer.close()]
+    report.rows_written = writer.num_rows
+    Path(out_dir, "build_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return report
