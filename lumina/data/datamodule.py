@@ -1,0 +1,177 @@
+"""`LuminaDataModule`: packed batches for every data-parallel rank, with an exact, rank-count-agnostic resume.
+
+Data parallelism spans the whole world (expert parallelism shares tokens, not data): rank r of W trains
+pack `cursor + r` of the epoch plan at each step (see `lumina.data.plan`). The cursor advances only when a
+training step finishes (`PackCursorCallback.on_train_batch_end`, which the module installs into the
+trainer in `setup`), so batches the loop or the workers prefetched but never trained are not lost on
+resume. `state_dict()` (saved with every Lightning checkpoint) holds (epoch, cursor); after a restart the
+next `iter()` of the train loader continues from the cursor, re-dealt if the world size changed.
+
+The trainer must be built with `use_distributed_sampler=False` (the pack sampler already deals per rank).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lumina.data.dataset import (
+    FixedSampler,
+    PackedDataset,
+    PackSampler,
+    PackSource,
+    identity,
+    keys_for,
+)
+from lumina.data.packing import OVERLONG_POLICIES, OverlongPolicy
+from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
+
+log = logging.getLogger(__name__)
+
+PAD_TOKEN_ID = 156892  # official pad_token_id
+
+
+@dataclass
+class SourceSpec:
+    """One data source of the mixture: a name, its sampling weight and where it lives
+    (`path` = Parquet shards; None = the built-in procedural world). `options` pass through to the source."""
+
+    name: str
+    weight: float = 1.0
+    path: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Data settings (Hydra-instantiable). `noise` passes through to the layout's NoiseConfig;
+    validation lays out the held-out source at the fixed noise level `val_noise_t` with seed `val_seed`."""
+
+    seq_len: int = 4096
+    seed: int = 0
+    num_workers: int = 0
+    persistent_workers: bool = True
+    prefetch_factor: int | None = None
+    overlong: OverlongPolicy = "error"
+    pad_id: int = PAD_TOKEN_ID
+    num_codebooks: int = 8
+    sources: list[SourceSpec] = field(default_factory=list)
+    noise: dict[str, Any] = field(default_factory=dict)
+    val_noise_t: float = 0.5
+    val_seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.seq_len <= 0:
+            raise ValueError(f"DataConfig.seq_len={self.seq_len}: must be positive")
+        if self.num_workers < 0:
+            raise ValueError(f"DataConfig.num_workers={self.num_workers}: must be >= 0")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"DataConfig.overlong={self.overlong!r}: expected one of {OVERLONG_POLICIES}")
+        if self.num_codebooks <= 0:
+            raise ValueError(f"DataConfig.num_codebooks={self.num_codebooks}: must be positive")
+        if not 0.0 <= self.val_noise_t <= 1.0:
+            raise ValueError(f"DataConfig.val_noise_t={self.val_noise_t}: must lie in [0, 1]")
+        self.sources = [s if isinstance(s, SourceSpec) else SourceSpec(**s) for s in self.sources]
+        for s in self.sources:
+            if not s.weight > 0:
+                raise ValueError(f"DataConfig.sources[{s.name!r}].weight={s.weight}: must be positive")
+
+
+class PackCursorCallback(L.Callback):
+    """Advances the pack cursor once per finished training step (runs before checkpoint callbacks)."""
+
+    def __init__(self, schedule: PackSchedule) -> None:
+        self.schedule = schedule
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.schedule.consumed()
+
+
+class LuminaDataModule(L.LightningDataModule):
+    """Train / validation loaders of collated packs (B = 1, `batch_size=None`), one stream per DP rank."""
+
+    def __init__(self, config: DataConfig, train_source: PackSource,
+                 val_source: PackSource | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.train_source, self.val_source = train_source, val_source
+        self.schedule = PackSchedule(train_source.lengths, config.seq_len, config.seed, config.overlong,
+                                     train_source.sample_id)
+        self.cursor_callback = PackCursorCallback(self.schedule)
+        self.sampler = PackSampler(self.schedule, epoch_fn=self._trainer_epoch)
+
+    # --- ranks and trainer wiring ---
+
+    @property
+    def rank(self) -> int:
+        return self.schedule.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.schedule.world_size
+
+    def setup(self, stage: str) -> None:
+        """Read the DP rank / size from the trainer (the process group exists by now); install the cursor
+        callback. Without a trainer: rank 0 of 1."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        self.schedule.set_rank(trainer.global_rank, trainer.world_size)
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if getattr(connector, "use_distributed_sampler", False):
+            raise ValueError("LuminaDataModule deals packs to ranks itself; build the Trainer with "
+                             "use_distributed_sampler=False (got True)")
+        if not any(cb is self.cursor_callback for cb in trainer.callbacks):
+            trainer.callbacks.insert(0, self.cursor_callback)
+
+    def _trainer_epoch(self) -> int:
+        """The epoch the trainer is about to run (what Lightning passes to `set_epoch`), else the sampler's."""
+        trainer = self.trainer
+        if trainer is None:
+            return self.sampler._epoch
+        return trainer.fit_loop.epoch_progress.current.processed
+
+    # --- loaders ---
+
+    def _loader(self, dataset: PackedDataset, sampler: Any) -> DataLoader:
+        cfg = self.config
+        workers = cfg.num_workers
+        return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=identity, num_workers=workers,
+                          persistent_workers=cfg.persistent_workers and workers > 0,
+                          prefetch_factor=cfg.prefetch_factor if workers > 0 else None)
+
+    def train_dataloader(self) -> DataLoader:
+        cfg = self.config
+        dataset = PackedDataset(self.train_source, cfg.seq_len, cfg.pad_id, cfg.num_codebooks)
+        return self._loader(dataset, self.sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        """The held-out source, planned once (epoch 0, `val_seed`) and dealt over the ranks; the source
+        itself supplies the fixed, seeded noise level."""
+        if self.val_source is None:
+            raise ValueError("LuminaDataModule has no val_source; pass one or disable validation")
+        cfg = self.config
+        plan = plan_epoch(self.val_source.lengths(0), cfg.seq_len, cfg.val_seed, 0, cfg.overlong,
+                          self.val_source.sample_id)
+        packs = deal(plan.num_packs, 0, self.rank, self.world_size)
+        dataset = PackedDataset(self.val_source, cfg.seq_len, cfg.pad_id, cfg.num_codebooks)
+        return self._loader(dataset, FixedSampler(keys_for(plan, packs)))
+
+    def steps_left(self) -> int:
+        """Training steps every rank still runs in the epoch in progress."""
+        return steps_left(self.schedule.plan().num_packs, self.schedule.cursor, self.world_size)
+
+    # --- checkpointing ---
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "schedule" not in state_dict:
+            raise ValueError(f"LuminaDataModule state lacks 'schedule'; got keys {sorted(state_dict)}")
+        self.schedule.load_state_dict(state_dict["schedule"])

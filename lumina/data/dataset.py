@@ -1,0 +1,197 @@
+"""The packed dataset: a map-style dataset keyed by `PackKey` that yields one collated `PackedBatch` per key,
+and the sampler that hands this rank's keys to a DataLoader (`batch_size=None`, so a key is one batch).
+
+The plan (which samples form a pack) is computed in the main process by a `PackSchedule`; a key carries
+the epoch and the pack's sample indices and lengths, so (persistent) workers need no plan or epoch state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from lumina.data.batch import PackedBatch
+from lumina.data.layout import layout_eval, layout_sample
+from lumina.data.noise import NoiseConfig, cfg_dropout
+from lumina.data.packing import collate_pack
+from lumina.data.plan import EpochPlan, PackSchedule
+from lumina.data.sequence import TrainingSequence
+from lumina.data.storage import SampleDataset
+
+
+@runtime_checkable
+class PackSource(Protocol):
+    """What packing needs from a data source: sample count, per-epoch laid-out lengths (after that epoch's
+    seeded CFG dropout) and the laid-out sequence of one sample in one epoch. Must be picklable (workers)."""
+
+    def __len__(self) -> int: ...
+
+    def lengths(self, epoch: int) -> Sequence[int]: ...
+
+    def sequence(self, index: int, epoch: int) -> TrainingSequence: ...
+
+    def sample_id(self, index: int) -> str: ...
+
+
+class LayoutSource:
+    """A `PackSource` over a storage `SampleDataset` (Parquet shards or in memory): lengths come from the
+    stored CFG-variant columns picked by that epoch's seeded dropout, sequences from `layout_sample`.
+
+    With `eval_t` set it is a validation source instead: no CFG dropout, every sample laid out by
+    `layout_eval` at the fixed noise level `eval_t` (the same masked positions in every call)."""
+
+    def __init__(self, dataset: SampleDataset, noise: NoiseConfig, seed: int, eval_t: float | None = None) -> None:
+        if eval_t is not None and not 0.0 <= eval_t <= 1.0:
+            raise ValueError(f"eval_t={eval_t}: must lie in [0, 1]")
+        self.dataset, self.noise, self.seed, self.eval_t = dataset, noise, seed, eval_t
+        self._ids = list(dataset.sample_ids())
+        self._variants = np.asarray(dataset.laid_out_lengths(), dtype=np.int64)  # [N, 4] keep/dt/di/both
+        if self._variants.shape != (len(self._ids), 4):
+            raise ValueError(f"laid_out_lengths() has shape {list(self._variants.shape)}, "
+                             f"expected [{len(self._ids)}, 4]")
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def sample_id(self, index: int) -> str:
+        return self._ids[index]
+
+    def lengths(self, epoch: int) -> list[int]:
+        if self.eval_t is not None:
+            return self._variants[:, 0].tolist()
+        column = [int(dt) + 2 * int(di) for dt, di in
+                  (cfg_dropout(self.seed, epoch, sid, self.noise) for sid in self._ids)]
+        return self._variants[np.arange(len(self._ids)), column].tolist()
+
+    def sequence(self, index: int, epoch: int) -> TrainingSequence:
+        sample = self.dataset[index]
+        if self.eval_t is not None:
+            return layout_eval(sample, self.dataset.tokens, self.noise, self.seed, self.eval_t)
+        return layout_sample(sample, self.dataset.tokens, self.noise, self.seed, epoch)
+
+
+class PackKey(NamedTuple):
+    """One pack: its epoch, sample indices and their planned lengths (empty = an all-padding pack)."""
+
+    epoch: int
+    indices: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+class PackedDataset(Dataset):
+    """PackKey -> PackedBatch [1, seq_len, C]: lays out the pack's samples and collates them."""
+
+    def __init__(self, source: PackSource, seq_len: int, pad_id: int, num_codebooks: int) -> None:
+        self.source, self.seq_len, self.pad_id, self.num_codebooks = source, seq_len, pad_id, num_codebooks
+
+    def __getitem__(self, key: PackKey) -> PackedBatch:
+        sequences = []
+        for i, planned in zip(key.indices, key.lengths, strict=True):
+            seq = self.source.sequence(i, key.epoch)
+            if len(seq) != planned:
+                raise ValueError(f"sample {seq.sample_id} (index {i}) laid out to {len(seq)} tokens in epoch "
+                                 f"{key.epoch}, but the source's lengths({key.epoch}) said {planned}")
+            sequences.append(seq)
+        return collate_pack(sequences, self.seq_len, self.pad_id, self.num_codebooks)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def keys_for(plan: EpochPlan, packs: Sequence[int | None]) -> list[PackKey]:
+    """Pack indices of an epoch plan (None = padding) -> PackKeys."""
+    keys = []
+    for p in packs:
+        indices = plan.pack(p) if p is not None else ()
+        keys.append(PackKey(plan.epoch, indices, tuple(plan.lengths[i] for i in indices)))
+    return keys
+
+
+class PackSampler(Sampler[PackKey]):
+    """Yields this rank's remaining PackKeys of the current epoch, one per training step.
+
+    The epoch is read from `epoch_fn` (the trainer's epoch counter) when given, else from `set_epoch`.
+    Each `iter()` asks the schedule where to start, so a restored cursor takes effect at the next `iter()`.
+    No `__len__`: the number of steps changes between epochs (seeded dropout changes lengths) and after a
+    resume at another world size; `steps_left()` gives it for the epoch in progress.
+    """
+
+    def __init__(self, schedule: PackSchedule, epoch_fn: Callable[[], int] | None = None) -> None:
+        self.schedule, self.epoch_fn, self._epoch = schedule, epoch_fn, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def current_epoch(self) -> int:
+        return self.epoch_fn() if self.epoch_fn is not None else self._epoch
+
+    def __iter__(self) -> Iterator[PackKey]:
+        epoch = self.current_epoch()
+        packs = self.schedule.begin(epoch)
+        return iter(keys_for(self.schedule.plan(epoch), packs))
+
+
+class FixedSampler(Sampler[PackKey]):
+    """A fixed list of keys (validation: one seeded plan dealt once)."""
+
+    def __init__(self, keys: Sequence[PackKey]) -> None:
+        self.keys = list(keys)
+
+    def __iter__(self) -> Iterator[PackKey]:
+        return iter(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def identity(x: PackedBatch) -> PackedBatch:
+    """collate_fn for `batch_size=None`: a pack is already a batch."""
+    return x
+
+
+class SyntheticSource:
+    """A `PackSource` of made-up sequences, for tests and benchmarks.
+
+    Sample i has base length `base[i]`; in each epoch a seeded coin (probability `drop_prob`) shortens it by
+    `drop` tokens (min 1), imitating CFG dropout. Its sequence carries its identity: input_ids[:, 0] = i,
+    input_ids[:, 1] = epoch, input_ids[:, c >= 2] = row offset; labels = input_ids; type 3, clean=False.
+    """
+
+    def __init__(self, base: Sequence[int], num_codebooks: int = 8, seed: int = 0, drop_prob: float = 0.0,
+                 drop: int = 0) -> None:
+        if num_codebooks < 2:
+            raise ValueError(f"num_codebooks={num_codebooks}: SyntheticSource needs >= 2 (index, epoch)")
+        self.base = [int(n) for n in base]
+        self.num_codebooks, self.seed, self.drop_prob, self.drop = num_codebooks, seed, drop_prob, drop
+        self._cached: tuple[int, list[int]] | None = None  # (epoch, lengths) of the last epoch asked
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def sample_id(self, index: int) -> str:
+        return f"syn-{index}"
+
+    def lengths(self, epoch: int) -> list[int]:
+        return list(self._epoch_lengths(epoch))
+
+    def _epoch_lengths(self, epoch: int) -> list[int]:
+        if self._cached is None or self._cached[0] != epoch:
+            coins = np.random.default_rng([self.seed, epoch]).random(len(self.base)) < self.drop_prob
+            lengths = [max(1, n - self.drop) if c else n for n, c in zip(self.base, coins.tolist(), strict=True)]
+            self._cached = (epoch, lengths)
+        return self._cached[1]
+
+    def sequence(self, index: int, epoch: int) -> TrainingSequence:
+        n = self._epoch_lengths(epoch)[index]
+        ids = torch.arange(n, dtype=torch.int64).unsqueeze(1).repeat(1, self.num_codebooks)
+        ids[:, 0], ids[:, 1] = index, epoch
+        zeros = torch.zeros(n, dtype=torch.int64)
+        return TrainingSequence(
+            sample_id=self.sample_id(index), input_ids=ids, labels=ids.clone(),
+            type_ids=torch.full((n,), 3, dtype=torch.int64), turn_ids=zeros, block_ids=zeros.clone(),
+            position_ids=torch.arange(n, dtype=torch.int64), is_clean=torch.zeros(n, dtype=torch.bool),
+            noise_t=torch.full((n,), 0.5), answer_mask=torch.ones(n, dtype=torch.bool))

@@ -1,0 +1,191 @@
+"""The epoch plan (which samples form which pack, in which order), dealing packs to data-parallel ranks,
+and the global pack cursor that makes a resume exact.
+
+Plan of epoch e: best-fit decreasing over that epoch's laid-out lengths (ties ordered by an RNG seeded by
+(seed, e)), then the pack order shuffled by a second RNG seeded by (seed, e). Every process computes the
+same plan from the same lengths, so nothing but (epoch, cursor) needs saving.
+
+Dealing: the cursor counts packs of the plan already handed out (all ranks together). At each step rank r
+of W trains pack `cursor + r` and the cursor moves by W. A rank whose slot lies past the end gets an
+all-padding pack, so every rank runs the same number of steps. A resume at a different W simply deals the
+remaining packs `plan[cursor:]` round-robin over the new W.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lumina.data.packing import OverlongPolicy, Packing, best_fit_decreasing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """packs[p] = sample indices of the p-th pack of the epoch (in training order); lengths[i] = laid-out
+    length of sample i this epoch."""
+
+    epoch: int
+    packing: Packing
+    order: tuple[int, ...]  # order[p] = index into packing.packs of the p-th pack
+    lengths: tuple[int, ...]
+
+    @property
+    def seq_len(self) -> int:
+        return self.packing.seq_len
+
+    @property
+    def num_packs(self) -> int:
+        return len(self.order)
+
+    @property
+    def skipped(self) -> tuple[int, ...]:
+        return self.packing.skipped
+
+    @property
+    def fill_ratio(self) -> float:
+        return self.packing.fill_ratio
+
+    def pack(self, p: int) -> tuple[int, ...]:
+        """Sample indices of the p-th pack of the epoch."""
+        return self.packing.packs[self.order[p]]
+
+    def fingerprint(self) -> str:
+        """A short digest of the plan (pack contents and order) to check a resume sees the same plan."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update(f"{self.epoch}:{self.seq_len}:{len(self.lengths)}".encode())
+        for p in range(self.num_packs):
+            h.update(np.asarray(self.pack(p), dtype=np.int64).tobytes())
+            h.update(b"|")
+        return h.hexdigest()
+
+
+def plan_epoch(lengths: Sequence[int], seq_len: int, seed: int, epoch: int, overlong: OverlongPolicy = "error",
+               sample_id: Callable[[int], str] | None = None) -> EpochPlan:
+    """The plan of `epoch` from that epoch's laid-out lengths (after its seeded CFG dropout)."""
+    packing = best_fit_decreasing(lengths, seq_len, np.random.default_rng([seed, epoch, 0]), overlong, sample_id)
+    order = np.random.default_rng([seed, epoch, 1]).permutation(packing.num_packs)
+    return EpochPlan(epoch, packing, tuple(order.tolist()), tuple(int(n) for n in lengths))
+
+
+def steps_left(num_packs: int, cursor: int, world_size: int) -> int:
+    """Steps every rank still runs when the packs from `cursor` on are dealt over `world_size` ranks."""
+    _check_world(0, world_size)
+    return math.ceil(max(num_packs - cursor, 0) / world_size)
+
+
+def deal(num_packs: int, cursor: int, rank: int, world_size: int) -> list[int | None]:
+    """Pack indices rank `rank` trains from `cursor` on, one per step; None = an all-padding pack."""
+    _check_world(rank, world_size)
+    steps = steps_left(num_packs, cursor, world_size)
+    return [p if (p := cursor + s * world_size + rank) < num_packs else None for s in range(steps)]
+
+
+def padding_packs(num_packs: int, cursor: int, world_size: int) -> int:
+    """All-padding packs (all ranks together) in a deal of the packs from `cursor` on."""
+    return steps_left(num_packs, cursor, world_size) * world_size - max(num_packs - cursor, 0)
+
+
+def _check_world(rank: int, world_size: int) -> None:
+    if world_size <= 0:
+        raise ValueError(f"world_size={world_size}: must be positive")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank}: must lie in [0, world_size={world_size})")
+
+
+class PackSchedule:
+    """One rank's position in the training stream: epoch, global pack cursor, steps consumed.
+
+    `begin(epoch)` starts (or continues) an epoch and returns this rank's remaining packs;
+    `consumed()` is called once per training step actually finished; `state_dict()` / `load_state_dict()`
+    carry (epoch, cursor) across a restart, at the same or a different world size.
+    """
+
+    def __init__(self, lengths: Callable[[int], Sequence[int]], seq_len: int, seed: int,
+                 overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None,
+                 rank: int = 0, world_size: int = 1) -> None:
+        _check_world(rank, world_size)
+        self.lengths_fn, self.seq_len, self.seed = lengths, seq_len, seed
+        self.overlong, self.sample_id = overlong, sample_id
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self.start_cursor = 0  # where this epoch's (re)started iteration began dealing
+        self.steps = 0  # steps consumed since start_cursor
+        self._plan: EpochPlan | None = None
+        self._pending: dict | None = None  # a loaded state not yet applied
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        _check_world(rank, world_size)
+        self.rank, self.world_size = rank, world_size
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        epoch = self.epoch if epoch is None else epoch
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = plan_epoch(self.lengths_fn(epoch), self.seq_len, self.seed, epoch, self.overlong,
+                                    self.sample_id)
+            if self._plan.skipped:
+                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch,
+                            len(self._plan.skipped), self.seq_len)
+        return self._plan
+
+    @property
+    def cursor(self) -> int:
+        """Global pack cursor: packs of this epoch's plan handed out to finished steps (all ranks)."""
+        return min(self.start_cursor + self.steps * self.world_size, self.plan().num_packs)
+
+    def begin(self, epoch: int) -> list[int | None]:
+        """Enter `epoch` (a loaded state for it resumes at its cursor; the epoch in progress continues
+        where it is; any other epoch starts at 0). Returns this rank's remaining packs, one per step."""
+        if self._pending is not None and self._pending["epoch"] == epoch:
+            self._apply(self._pending)
+            if int(self._pending["world_size"]) != self.world_size:
+                log.warning("resuming epoch %d at cursor %d/%d with data-parallel size %d (saved at %d): "
+                            "re-dealing the remaining %d packs", epoch, self.start_cursor, self.plan().num_packs,
+                            self.world_size, self._pending["world_size"], self.plan().num_packs - self.start_cursor)
+        elif epoch != self.epoch:
+            self.epoch, self.start_cursor, self.steps = epoch, 0, 0
+        else:
+            self.start_cursor, self.steps = self.cursor, 0
+        self._pending = None
+        plan = self.plan()
+        pad = padding_packs(plan.num_packs, self.start_cursor, self.world_size)
+        if pad:
+            log.info("epoch %d: %d packs over %d ranks from cursor %d -> %d all-padding packs", epoch,
+                     plan.num_packs - self.start_cursor, self.world_size, self.start_cursor, pad)
+        return deal(plan.num_packs, self.start_cursor, self.rank, self.world_size)
+
+    def consumed(self, steps: int = 1) -> None:
+        self.steps += steps
+
+    def state_dict(self) -> dict:
+        plan = self.plan()
+        return {"epoch": self.epoch, "cursor": self.cursor, "world_size": self.world_size, "seed": self.seed,
+                "seq_len": self.seq_len, "num_packs": plan.num_packs, "fingerprint": plan.fingerprint()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at (epoch, cursor); applied now, and again by `begin(epoch)` if the trainer re-enters it."""
+        missing = {"epoch", "cursor", "world_size", "seed", "seq_len", "fingerprint"} - set(state)
+        if missing:
+            raise ValueError(f"pack schedule state lacks {sorted(missing)}; got keys {sorted(state)}")
+        for key in ("seed", "seq_len"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"resume state has {key}={state[key]}, but the data config has "
+                                 f"{key}={getattr(self, key)}")
+        self._apply(state)
+        self._pending = dict(state)
+
+    def _apply(self, state: dict) -> None:
+        epoch, cursor = int(state["epoch"]), int(state["cursor"])
+        plan = self.plan(epoch)
+        if state["fingerprint"] != plan.fingerprint():
+            raise ValueError(f"resume state for epoch {epoch} has plan fingerprint {state['fingerprint']}, "
+                             f"but this data gives {plan.fingerprint()} (different source, lengths or seed)")
+        if not 0 <= cursor <= plan.num_packs:
+            raise ValueError(f"resume state cursor={cursor} outside [0, {plan.num_packs}] for epoch {epoch}")
+        self.epoch, self.start_cursor, self.steps = epoch, cursor, 0
