@@ -48,7 +48,8 @@ from lumina.data.special_tokens import SpecialTokens
 class Exchange:
     """One prompt turn and its answer, after validation and CFG dropout.
 
-    answer_text: answer token ids without EOA (text answer), or None; answer_image: the image (image answer)."""
+    answer_text: answer token ids without EOA (text answer), or None.
+    answer_image: the image to generate (image answer), or None."""
 
     prompt_parts: list[Part]
     system: list[int] | None
@@ -112,7 +113,8 @@ def laid_out_length(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fal
     return n
 
 
-def sample_length(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int, epoch: int) -> int:
+def sample_length(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
+                  epoch: int) -> int:
     """len(layout_sample(...)) with the same seeded CFG decisions."""
     return laid_out_length(sample, tokens, *cfg_dropout(seed, epoch, sample.id, noise_cfg))
 
@@ -230,7 +232,8 @@ def _answer_of(sample: Sample, k: int, tokens: SpecialTokens,
     return ids, None
 
 
-def _check_part(sample: Sample, k: int, j: int, part: Part, tokens: SpecialTokens, check_values: bool) -> None:
+def _check_part(sample: Sample, k: int, j: int, part: Part, tokens: SpecialTokens,
+                check_values: bool) -> None:
     where = f"sample {sample.id!r}: turns[{k}].parts[{j}]"
     if isinstance(part, Text):
         if not check_values:

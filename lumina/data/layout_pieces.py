@@ -87,7 +87,8 @@ def media_rows(media: Media, tokens: SpecialTokens) -> tuple[torch.Tensor, torch
         groups = _grid_with_row_ends(media.codes, (g * h, w), row_end).reshape(g, h * (w + 1), c)
         group_ends = torch.full((g, 1, c), group_end, dtype=torch.long)
         body = torch.cat([groups, group_ends], dim=1).reshape(-1, c)
-        open_id, close_id = ((tokens.bov, tokens.eov) if media.kind == "video" else (tokens.bo3d, tokens.eo3d))
+        open_id, close_id = ((tokens.bov, tokens.eov) if media.kind == "video"
+                             else (tokens.bo3d, tokens.eo3d))
     else:
         raise ValueError(f"media kind {media.kind!r}: expected image, video or mesh3d")
     ids = torch.cat([text_ids([open_id], c), body, text_ids([close_id], c)])

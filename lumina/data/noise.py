@@ -32,7 +32,8 @@ class NoiseConfig:
         if self.block_length <= 0:
             raise ValueError(f"NoiseConfig.block_length={self.block_length}: must be positive")
         if not 0.0 <= self.t_min <= self.t_max <= 1.0:
-            raise ValueError(f"NoiseConfig t_min={self.t_min}, t_max={self.t_max}: need 0 <= t_min <= t_max <= 1")
+            raise ValueError(f"NoiseConfig t_min={self.t_min}, t_max={self.t_max}: "
+                             f"need 0 <= t_min <= t_max <= 1")
         if self.t_per not in ("block", "sample"):
             raise ValueError(f"NoiseConfig.t_per={self.t_per!r}: expected 'block' or 'sample'")
         for name in ("uncond_text_prob", "uncond_image_prob"):
@@ -107,7 +108,8 @@ def image_mask_count(num_cells: int, gen: torch.Generator, fixed_ratio: float | 
     return min(num_cells, max(1, math.ceil(ratio * num_cells)))
 
 
-def image_answer_noise(num_cells: int, gen: torch.Generator, fixed_ratio: float | None = None) -> torch.Tensor:
+def image_answer_noise(num_cells: int, gen: torch.Generator,
+                       fixed_ratio: float | None = None) -> torch.Tensor:
     """[num_cells] bool: exactly `image_mask_count` cells masked, chosen uniformly without replacement."""
     count = image_mask_count(num_cells, gen, fixed_ratio)
     masked = torch.zeros(num_cells, dtype=torch.bool)

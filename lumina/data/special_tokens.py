@@ -74,8 +74,9 @@ class SpecialTokens:
         for name in IMAGE_ID_FIELDS:
             value = getattr(self, name)
             if not self.codebook_size <= value < self.image_vocab_size:
-                raise ValueError(f"SpecialTokens.{name}={value}: must lie in [codebook_size={self.codebook_size}, "
-                                 f"image_vocab_size={self.image_vocab_size}) so it never collides with a code")
+                raise ValueError(f"SpecialTokens.{name}={value}: must lie in [codebook_size="
+                                 f"{self.codebook_size}, image_vocab_size={self.image_vocab_size}) "
+                                 f"so it never collides with a code")
         for fields in (TEXT_ID_FIELDS, IMAGE_ID_FIELDS):
             seen: dict[int, str] = {}
             for name in fields:

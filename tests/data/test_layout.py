@@ -49,7 +49,8 @@ def test_text_qa_rows(tokens, keys_of, visible):
     prompt = rows(0, 9)
     assert keys_of(seq, 3) == prompt  # clean prompt sees only its own turn
     assert keys_of(seq, 9) == rows(0, 10)  # BOA: clean prompt + itself
-    assert keys_of(seq, 14) == prompt + [9] + rows(14, 18) + rows(20, 24)  # block 1: own noisy block + clean block 0
+    # block 1: BOA + its own noisy block + the clean memory of block 0
+    assert keys_of(seq, 14) == prompt + [9] + rows(14, 18) + rows(20, 24)
     assert keys_of(seq, 10) == prompt + [9] + rows(10, 14)  # block 0: never its own clean copy (20..23)
     assert keys_of(seq, 24) == prompt + rows(20, 28)  # memory block 1: clean prompt + memory blocks <= 1
     v = visible(seq)
@@ -220,7 +221,8 @@ def test_small_token_space(random_codes):
                         uncondition=14, codebook_size=64, num_codebooks=4)
 
     def small(codes):
-        return Sample("small", [Turn("user", [Text([20, 21])]), Turn("assistant", [Media("image", codes, (2, 3))])])
+        return Sample("small", [Turn("user", [Text([20, 21])]),
+                                Turn("assistant", [Media("image", codes, (2, 3))])])
 
     seq = layout_eval(small(random_codes(6, num_codebooks=4, high=64)), tok, NO_CFG, seed=0, t=1.0)
     assert seq.input_ids.shape == (16, 4)

@@ -53,7 +53,8 @@ VALUE_CASES = {
     "grid mismatch": ([Turn("user", [Media("image", torch.zeros(3, 8, dtype=torch.long), (1, 2))]),
                        Turn("assistant", [Text([10])])], r"turns\[0\]\.parts\[0\]\.codes has 3 cells"),
     "wrong codebooks": ([Turn("user", [Media("image", torch.zeros(2, 4, dtype=torch.long), (1, 2))]),
-                         Turn("assistant", [Text([10])])], r"turns\[0\]\.parts\[0\]\.codes has shape \[2, 4\]"),
+                         Turn("assistant", [Text([10])])],
+                        r"turns\[0\]\.parts\[0\]\.codes has shape \[2, 4\]"),
     "text id too large": ([Turn("user", [Text([157184])]), Turn("assistant", [Text([10])])],
                           r"turns\[0\]\.parts\[0\]\.ids has values outside \[0, 157184\)"),
     "negative text id": ([Turn("user", [Text([5])]), Turn("assistant", [Text([-1])])],
@@ -75,5 +76,6 @@ def test_bad_values_raise(tokens, name):
 def test_bad_grid_raises_in_length(tokens):
     sample = Sample("bad-3", [Turn("user", [Media("image", torch.zeros(0, 8, dtype=torch.long), (0, 2))]),
                               Turn("assistant", [Text([10])])])
-    with pytest.raises(ValueError, match=r"sample 'bad-3': turns\[0\]\.parts\[0\]: kind='image' grid=\(0, 2\)"):
+    pattern = r"sample 'bad-3': turns\[0\]\.parts\[0\]: kind='image' grid=\(0, 2\)"
+    with pytest.raises(ValueError, match=pattern):
         laid_out_length(sample, tokens)

@@ -33,7 +33,8 @@ def assert_same(a, b, names=FIELDS):
 def test_first_text_step_equals_training_layout_fully_masked_minus_memory(tokens, random_codes):
     codes = random_codes(4)
     answer = list(range(10, 50))  # 40 tokens + EOA = 41 rows: blocks 0 (32 rows) and 1 (9 rows)
-    sample = Sample("u", [Turn("system", [Text([1])]), Turn("user", [Media("image", codes, (2, 2)), Text([5])]),
+    sample = Sample("u", [Turn("system", [Text([1])]),
+                          Turn("user", [Media("image", codes, (2, 2)), Text([5])]),
                           Turn("assistant", [Text(answer)])])
     train = layout_eval(sample, tokens, NoiseConfig(), seed=0, t=1.0)
     prompt = layout_prompt([Media("image", codes, (2, 2)), Text([5])], tokens, turn=0, start_position=0,
@@ -64,7 +65,8 @@ def test_first_image_step_equals_training_layout_fully_masked(tokens, random_cod
     sample = Sample("g", [Turn("user", [Text([5, 6])]), Turn("assistant", [Media("image", codes, (3, 2))])])
     train = layout_eval(sample, tokens, NoiseConfig(), seed=0, t=1.0)
     prompt = layout_prompt([Text([5, 6])], tokens)
-    step = concat_pieces([prompt, layout_image_answer((3, 2), tokens, turn=1, start_position=len(prompt))], "g")
+    answer = layout_image_answer((3, 2), tokens, turn=1, start_position=len(prompt))
+    step = concat_pieces([prompt, answer], "g")
     assert_same(train, step)
     uncond = layout_prompt([Text([tokens.uncondition])], tokens)  # official negative branch prompt
     assert uncond.input_ids[:, 0].tolist() == [157155, 157156, 157157]
@@ -85,7 +87,8 @@ SAMPLES = {
     "qa": [Turn("system", [Text([1, 2, 3])]), Turn("user", [Text([5])]), Turn("assistant", [Text([7] * 70)])],
     "multi": [Turn("user", [Text([5])]), Turn("assistant", [Text([7, 8])]), Turn("user", [Text([6] * 4)]),
               Turn("assistant", [Text([9] * 33)])],
-    "edit": [Turn("user", [Text([5]), Media("image", torch.zeros(6, 8, dtype=torch.long), (2, 3)), Text([6])]),
+    "edit": [Turn("user", [Text([5]), Media("image", torch.zeros(6, 8, dtype=torch.long), (2, 3)),
+                           Text([6])]),
              Turn("assistant", [Media("image", torch.zeros(4, 8, dtype=torch.long), (2, 2))])],
     "media": [Turn("user", [Media("video", torch.zeros(8, 8, dtype=torch.long), (2, 2, 2)),
                             Media("mesh3d", torch.zeros(8, 8, dtype=torch.long), (2, 2, 2))]),

@@ -135,8 +135,8 @@ def test_cfg_dropout_is_reproducible_per_epoch_and_sample():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(block_length=0), "block_length"), (dict(t_min=0.5, t_max=0.4), "t_min"), (dict(t_per="turn"), "t_per"),
-    (dict(uncond_text_prob=1.2), "uncond_text_prob"),
+    (dict(block_length=0), "block_length"), (dict(t_min=0.5, t_max=0.4), "t_min"),
+    (dict(t_per="turn"), "t_per"), (dict(uncond_text_prob=1.2), "uncond_text_prob"),
 ])
 def test_bad_noise_config_raises(kwargs, field):
     with pytest.raises(ValueError, match=field):
