@@ -100,6 +100,12 @@ def plan_exchanges(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fals
     return exchanges
 
 
+def check_sample(sample: Sample, tokens: SpecialTokens) -> None:
+    """Every check `layout_sample` makes on `sample` (structure, text ids, media codes), building nothing:
+    storage can reject at write time what the layout would reject at training time."""
+    plan_exchanges(sample, tokens)
+
+
 def laid_out_length(sample: Sample, tokens: SpecialTokens, drop_text: bool = False,
                     drop_image: bool = False) -> int:
     """len(layout) for the given CFG decisions (from `cfg_dropout`), without building tensors."""

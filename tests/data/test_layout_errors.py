@@ -79,3 +79,13 @@ def test_bad_grid_raises_in_length(tokens):
     pattern = r"sample 'bad-3': turns\[0\]\.parts\[0\]: kind='image' grid=\(0, 2\)"
     with pytest.raises(ValueError, match=pattern):
         laid_out_length(sample, tokens)
+
+
+def test_check_sample_makes_the_layout_checks_without_building(tokens):
+    from lumina.data.layout import check_sample
+
+    good = Sample("ok", [Turn("user", [Text([5])]), Turn("assistant", [Text([10])])])
+    check_sample(good, tokens)
+    turns, pattern = VALUE_CASES["EOA in answer text"]
+    with pytest.raises(ValueError, match=r"sample 'bad-4': " + pattern):
+        check_sample(Sample("bad-4", turns), tokens)
