@@ -3,6 +3,8 @@ supervised token counts once), synchronised over the data-parallel process group
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -30,13 +32,19 @@ class TokenAccuracies(nn.Module):
     def update(self, text_preds: torch.Tensor, text_targets: torch.Tensor,
                image_preds: torch.Tensor, image_targets: torch.Tensor) -> None:
         """text_preds/targets [Nt]; image_preds/targets [Ni, C]."""
-        self.text.update(text_preds, text_targets)
-        for c, metric in enumerate(self.codebooks):
-            metric.update(image_preds[:, c], image_targets[:, c])
+        if text_preds.numel():  # torchmetrics cannot reshape an empty batch; it adds nothing anyway
+            self.text.update(text_preds, text_targets)
+        if image_preds.numel():
+            for c, metric in enumerate(self.codebooks):
+                metric.update(image_preds[:, c], image_targets[:, c])
 
     def compute(self) -> dict[str, torch.Tensor]:
-        out = {"text_acc": self.text.compute()}
-        out.update({f"image_acc/cb{c}": m.compute() for c, m in enumerate(self.codebooks)})
+        """Every accuracy (a collective call under data parallelism: all ranks compute all metrics, also
+        those a rank never updated; such a metric reads 0, so callers drop it by the global token count)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+            out = {"text_acc": self.text.compute()}
+            out.update({f"image_acc/cb{c}": m.compute() for c, m in enumerate(self.codebooks)})
         return out
 
     def reset(self) -> None:

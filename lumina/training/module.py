@@ -122,7 +122,9 @@ class LuminaModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         for name, value in self.val_acc.compute().items():
-            self.log(f"val/{name}", value, on_step=False, on_epoch=True)
+            metric = self.val_acc.text if name == "text_acc" else self.val_acc.codebooks[0]
+            if metric.update_count > 0:  # skip modalities the validation set lacks
+                self.log(f"val/{name}", value, on_step=False, on_epoch=True)
         self.val_acc.reset()
 
     # ---- per-optimizer-step bookkeeping ----
@@ -183,7 +185,9 @@ class LuminaModule(L.LightningModule):
         scalars.update({f"train/image_loss/cb{c}": v for c, v in enumerate(means[4:].tolist())})
         if self._grad_norm is not None:
             scalars["train/grad_norm"] = self._grad_norm.item()
-        scalars.update({f"train/{k}": v.item() for k, v in self.train_acc.compute().items()})
+        for name, value in self.train_acc.compute().items():  # only accuracies with tokens in this step
+            if sums["text_tokens" if name == "text_acc" else "image_tokens"] > 0:
+                scalars[f"train/{name}"] = value.item()
         self.train_acc.reset()
         self.log_dict(scalars, on_step=True, on_epoch=False, batch_size=1)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, batch_size=1)
