@@ -85,7 +85,7 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, expert_bias: torch.Tensor,
     per_group = cfg.num_experts // cfg.n_group
     all_ids, all_weights = [], []
     for t in range(x.shape[0]):
-        biased = [float(scores[t, e]) + float(expert_bias[e]) for e in range(cfg.num_experts)]
+        biased = [float(scores[t, e].detach()) + float(expert_bias[e]) for e in range(cfg.num_experts)]
         group_score = []
         for g in range(cfg.n_group):
             members = sorted(biased[g * per_group:(g + 1) * per_group], reverse=True)
