@@ -149,6 +149,15 @@ def test_understanding_rows_and_visibility(tokens, keys_of, random_codes):
     assert seq.turn_ids.tolist() == [0] * 11 + [1] * 5
     assert seq.is_clean.tolist() == [True] * 11 + [False] * 3 + [True] * 2
     assert seq.position_ids.tolist() == rows(0, 14) + [12, 13]
+    assert seq.block_ids.tolist() == [-1] * 11 + [0] * 5
+    answer = torch.tensor([10, 157166])
+    masked = seq.input_ids[12:14, 0] == 156895
+    assert masked.any()  # one block -> at least one masked row
+    assert torch.equal(seq.labels[12:14, 0][masked], answer[masked])
+    assert torch.all(seq.labels[12:14, 0][~masked] == IGN)
+    assert torch.all(seq.labels[:12] == IGN) and torch.all(seq.labels[14:] == IGN)
+    t = seq.noise_t[12].item()
+    assert seq.noise_t.tolist() == [0.0] * 12 + [t, t, 0.0, 0.0] and 1e-3 <= t <= 1.0
     assert keys_of(seq, 12) == rows(0, 14)  # answer sees the whole clean prompt incl. media, BOA, its block
     assert keys_of(seq, 3) == rows(0, 11)
 
@@ -182,6 +191,17 @@ def test_editing_with_cfg_dropout(tokens, keys_of, random_codes, p_text, p_image
     assert seq.type_ids[p:].tolist() == [1, 1, 4, 4, 4, 4, 1, 1]
     assert seq.turn_ids.tolist() == [0] * p + [1] * 8
     assert seq.is_clean.tolist() == [True] * p + [False] * 8
+    assert seq.block_ids.tolist() == [-1] * p + [0] * 8
+    assert seq.position_ids.tolist() == rows(0, p + 8)
+    cells = [p + 2, p + 4]
+    masked = [i for i, r in enumerate(cells) if seq.input_ids[r, 0] == 5000]
+    assert len(masked) >= 1
+    for i, r in enumerate(cells):
+        want_label = out[i] if i in masked else torch.full((8,), IGN)
+        assert torch.equal(seq.labels[r], want_label)
+    assert torch.all(seq.labels[[r for r in range(p + 8) if r not in cells]] == IGN)
+    assert seq.noise_t[cells].tolist() == [len(masked) / 2] * 2  # the masked fraction of the grid
+    assert seq.answer_mask.nonzero().flatten().tolist() == cells
     assert keys_of(seq, p + 2) == rows(0, p + 8)
 
 
@@ -198,7 +218,11 @@ def test_video_in_prompt(tokens, random_codes, keys_of):
     assert torch.equal(seq.input_ids[[2, 3, 6, 7]], codes)
     assert torch.all(seq.input_ids[[4, 8]] == 5004) and torch.all(seq.input_ids[[5, 9]] == 5005)
     assert seq.type_ids[:12].tolist() == [1, 1] + [2] * 8 + [1, 1]
-    assert seq.is_clean[:12].all() and torch.all(seq.block_ids[:12] == -1)
+    assert seq.is_clean.tolist() == [True] * 12 + [False] * 3 + [True] * 2
+    assert seq.turn_ids.tolist() == [0] * 12 + [1] * 5
+    assert seq.block_ids.tolist() == [-1] * 12 + [0] * 5
+    assert seq.position_ids.tolist() == rows(0, 15) + [13, 14]
+    assert torch.all(seq.labels[:13] == IGN) and seq.noise_t[:13].sum() == 0
     assert keys_of(seq, 13) == rows(0, 15)
 
 
