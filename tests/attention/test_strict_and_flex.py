@@ -1,0 +1,123 @@
+"""Strict mode, fallbacks, and the flex / flash_varlen backends (flex forward on CPU: one compile)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_pack
+from test_backends import HEAD_DIM, HEADS, KV_HEADS, TOLERANCE, qkv, run
+
+from lumina.attention import attend, backend_calls, build_spec, reset_backend_calls
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.skipif(CUDA, reason="CPU-only behaviour")
+def test_flex_with_grad_on_cpu_strict_raises_and_nonstrict_falls_back():
+    batch = random_pack(0, [16, 24], tail=4)
+    tensors = qkv(batch.seq_len, torch.float32)
+    with pytest.raises(RuntimeError, match="'flex' cannot serve.*no backward on CPU"):
+        attend(*tensors, build_spec(batch, backend="flex", strict=True))
+    reset_backend_calls()
+    out = attend(*tensors, build_spec(batch, backend="flex"))
+    assert backend_calls() == {"fallback:flex->segmented": 1, "segmented": 1}
+    expected = attend(*tensors, build_spec(batch, backend="segmented"))
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_strict_from_environment(monkeypatch):
+    batch = random_pack(0, [16, 24])
+    monkeypatch.setenv("LUMINA_ATTN_STRICT", "1")
+    spec = build_spec(batch, backend="flash_varlen")
+    assert spec.strict
+    with pytest.raises(RuntimeError, match="'flash_varlen' cannot serve"):
+        attend(*qkv(batch.seq_len, torch.float32), spec)
+    monkeypatch.setenv("LUMINA_ATTN_STRICT", "0")
+    assert not build_spec(batch, backend="flash_varlen").strict
+
+
+def test_flash_varlen_unavailable_reasons():
+    tensors = qkv(40, torch.float32)
+    reset_backend_calls()
+    attend(*tensors, build_spec(random_pack(0, [16, 24]), backend="flash_varlen"))
+    assert backend_calls() == {"fallback:flash_varlen->segmented": 1, "segmented": 1}
+    with pytest.raises(RuntimeError, match="flash-attn is not installed|needs CUDA|fp16/bf16"):
+        attend(*tensors, build_spec(random_pack(0, [16, 24]), backend="flash_varlen", strict=True))
+
+
+@pytest.mark.slow
+def test_flex_forward_matches_dense_with_one_compile():
+    """One fixed S (two packs, different segment layouts) -> exactly one compiled graph."""
+    from torch._dynamo.utils import counters
+
+    from lumina.attention.backends import flex
+
+    device = "cuda" if CUDA else "cpu"
+    graphs_before = counters["stats"]["unique_graphs"]
+    for seed, lengths, tail in [(0, [100, 37, 211, 100], 64), (1, [300, 150], 62)]:
+        batch = random_pack(seed, lengths, tail=tail).to(device)
+        assert batch.seq_len == 512
+        q, k, v = (t.detach().to(device) for t in qkv(batch.seq_len, torch.float32, seed=seed))
+        reset_backend_calls()
+        with torch.no_grad():
+            out = attend(q, k, v, build_spec(batch, backend="flex", strict=True))
+            expected = attend(q, k, v, build_spec(batch, backend="sdpa_dense"))
+        assert backend_calls() == {"flex": 1, "sdpa_dense": 1}
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+    assert flex._compiled is not None
+
+
+def test_flex_block_table_skips_cross_segment_blocks():
+    from lumina.attention.backends.flex import block_table
+
+    batch = random_pack(0, [256, 128, 100], tail=28, invalid_frac=0.0)
+    batch.block_ids.fill_(-1)
+    batch.is_clean.fill_(True)
+    batch.turn_ids.fill_(0)
+    any_allowed, all_allowed = block_table(build_spec(batch))
+    # blocks: 0-1 segment 0, 2 segment 1, 3 = segment 2 (100 tokens) + tail; clean same-turn = all allowed
+    assert any_allowed.tolist() == [[True, True, False, False], [True, True, False, False],
+                                    [False, False, True, False], [False, False, False, True]]
+    assert all_allowed.tolist() == [[True, True, False, False], [True, True, False, False],
+                                    [False, False, True, False], [False, False, False, False]]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_backward_matches_dense_on_cuda(dtype):
+    batch = random_pack(2, [100, 37, 211, 100], tail=64).to("cuda")
+    tensors = [t.detach().cuda().requires_grad_() for t in qkv(batch.seq_len, dtype, seed=3)]
+    upstream = torch.randn(1, HEADS, batch.seq_len, HEAD_DIM, device="cuda")
+    reset_backend_calls()
+    dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
+    out, grads = run("flex", batch, tensors, upstream)
+    assert backend_calls() == {"sdpa_dense": 1, "flex": 1}
+    for t in [out, *grads]:
+        assert torch.isfinite(t).all()
+    torch.testing.assert_close(out, dense_out, **TOLERANCE[dtype])
+    for g, ref in zip(grads, dense_grads, strict=True):
+        torch.testing.assert_close(g, ref, **TOLERANCE[dtype])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_flash_varlen_matches_dense_on_plain_segments():
+    pytest.importorskip("flash_attn")
+    batch = random_pack(4, [100, 37, 211, 100], tail=64, invalid_frac=0.0)
+    batch.block_ids.fill_(-1)
+    batch.is_clean.fill_(True)
+    batch.turn_ids.fill_(0)
+    batch = batch.to("cuda")
+    tensors = [t.detach().cuda().requires_grad_() for t in qkv(batch.seq_len, torch.bfloat16, seed=5)]
+    upstream = torch.randn(1, HEADS, batch.seq_len, HEAD_DIM, device="cuda")
+    reset_backend_calls()
+    dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
+    out, grads = run("flash_varlen", batch, tensors, upstream)
+    assert backend_calls() == {"sdpa_dense": 1, "flash_varlen": 1}
+    torch.testing.assert_close(out, dense_out, **TOLERANCE[torch.bfloat16])
+    for g, ref in zip(grads, dense_grads, strict=True):
+        torch.testing.assert_close(g, ref, **TOLERANCE[torch.bfloat16])
+    assert KV_HEADS < HEADS  # the GQA path ran
