@@ -47,8 +47,18 @@ class LuminaObjective(nn.Module):
     def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         self.config = config or ObjectiveConfig()
-        self.group = group
         self.bias_updater = ExpertBiasUpdater(self.config.balance.bias_rate, group)
+        self.group = group
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return self._group
+
+    @group.setter
+    def group(self, group: dist.ProcessGroup | None) -> None:
+        """Set the data-parallel group of both the token counts and the expert-bias counts."""
+        self._group = group
+        self.bias_updater.group = group
 
     def forward(self, output: ModelOutput, batch: PackedBatch) -> ObjectiveResult:
         cfg = self.config
@@ -92,13 +102,15 @@ class LuminaObjective(nn.Module):
         loss = cfg.text_weight * text_loss + cfg.image_weight * image_loss + aux
         with torch.no_grad():
             per_codebook = image_cell.sum(dim=0) * image_scale.float()
-            preds = output.text_logits.argmax(dim=-1)
+            text_preds = output.text_logits.argmax(dim=-1)
+            image_preds = output.image_logits.argmax(dim=-1)
         return ObjectiveResult(
             loss=loss, text_loss=text_loss.detach(), image_loss=image_loss.detach(),
             image_loss_per_codebook=per_codebook, balance_loss=aux.detach(),
             num_text_local=local[0], num_text_global=num_text_global,
             num_image_local=local[1], num_image_global=num_image_global,
-            text_preds=preds, text_targets=targets.text, expert_load=load)
+            text_preds=text_preds, text_targets=targets.text, image_preds=image_preds, image_targets=targets.image,
+            expert_load=load)
 
     @torch.no_grad()
     def on_optimizer_step(self, model: nn.Module) -> torch.Tensor | None:

@@ -21,6 +21,7 @@ class ObjectiveResult:
     balance_loss          scalar, aux_coef * mean over layers of E * sum f P (0 when off)
     num_text_local/global, num_image_local/global   int64 scalars (the N of each term)
     text_preds, text_targets   [Nt] argmax predictions and targets at the output's text rows
+    image_preds, image_targets [Ni, C] argmax predictions and targets at the output's image rows
     expert_load           [L, E] float32 top-k counts of valid tokens per MoE layer
     """
 
@@ -35,4 +36,6 @@ class ObjectiveResult:
     num_image_global: torch.Tensor
     text_preds: torch.Tensor
     text_targets: torch.Tensor
+    image_preds: torch.Tensor
+    image_targets: torch.Tensor
     expert_load: torch.Tensor

@@ -53,6 +53,7 @@ def test_unweighted_text_and_image_loss() -> None:
     assert (result.num_text_local.item(), result.num_text_global.item()) == (2, 2)
     assert (result.num_image_local.item(), result.num_image_global.item()) == (2, 2)
     assert result.text_preds.tolist() == [1, 2] and result.text_targets.tolist() == [2, 0]
+    assert result.image_preds.tolist() == [[0, 0], [0, 1]] and result.image_targets.tolist() == [[1, 0], [2, 2]]
     assert not result.image_loss_per_codebook.requires_grad and not result.text_loss.requires_grad
 
 
