@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lumina.model.config import LuminaConfig
 from lumina.objective import ObjectiveConfig
+from lumina.training.data_factory import build_datamodule
 from lumina.training.errors import ConfigError
 from lumina.training.module import LuminaModule
 from lumina.training.optim import OptimConfig
@@ -62,6 +63,14 @@ def module(cfg: DictConfig) -> LuminaModule:
     return LuminaModule(model_config(cfg), objective=objective, optim=optim,
                         init_from=cfg.model.get("init_from"), freeze=plain(cfg.model.get("freeze")) or [],
                         meta_init=bool(cfg.model.get("meta_init", False)))
+
+
+def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
+    """The data module, with its first epoch planned now so that a sample longer than seq_len (or any other
+    data error) surfaces before training starts."""
+    dm = build_datamodule(plain(cfg.data), model_cfg)
+    dm.schedule.plan()
+    return dm
 
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:
