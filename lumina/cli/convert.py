@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from lumina.checkpoint import LAYOUTS, convert_checkpoint
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lumina-convert", description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="source HF checkpoint directory (split, fused or mixed expert layout)")
     parser.add_argument("dst", help="output directory")
-    parser.add_argument("--layout", choices=LAYOUTS, default="split",
+    parser.add_argument("--layout", choices=("split", "fused"), default="split",
                         help="split: llada2_moe, what the official loader accepts (default); fused: llada2_moe_veomni")
     parser.add_argument("--dtype", choices=("keep", "bf16", "fp16", "fp32"), default="keep",
                         help="keep every tensor's dtype (default), or cast parameters (buffers keep official dtypes)")
@@ -24,6 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    from lumina.checkpoint import (
+        convert_checkpoint,  # after parsing: --help and usage errors skip the torch import
+    )
+
     out = convert_checkpoint(args.src, args.dst, layout=args.layout, dtype=args.dtype,
                              max_shard_size=args.max_shard_size, overwrite=args.overwrite)
     print(f"wrote {args.layout} checkpoint to {out}")

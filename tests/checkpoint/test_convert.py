@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,8 @@ def test_convert_refuses_its_source(split_dir: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("lumina-convert")
+    sibling = Path(sys.executable).with_name("lumina-convert")  # skips a pyenv shim when there is one
+    exe = str(sibling) if sibling.exists() else shutil.which("lumina-convert")
     assert exe is not None, "lumina-convert console script is not installed (pip install -e .)"
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
 
