@@ -118,6 +118,7 @@ class LuminaObjective(nn.Module):
         gradient accumulation, on every rank). Returns the update [L, E], or None when off / nothing pending."""
         if not self.config.balance.bias_update:
             return None
+        self.bias_updater.rate = self.config.balance.bias_rate
         return self.bias_updater.apply(find_expert_biases(model))
 
 
