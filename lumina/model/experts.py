@@ -25,6 +25,8 @@ class _ContiguousGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        if grad.dim() == 2 and grad.stride() != (grad.shape[1], 1):  # also empty/expanded ones
+            return grad.new_empty(grad.shape).copy_(grad)
         return grad.contiguous()
 
 

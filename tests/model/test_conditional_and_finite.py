@@ -1,0 +1,76 @@
+"""Hang-proofing (every conditional module runs once, on empty rows when its modality is absent) and the
+finite checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_helpers import make_batch
+from torch import nn
+
+from lumina.model import LuminaConfig, LuminaModel
+
+
+def _calls(model: LuminaModel) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name, module in model.conditional_modules().items():
+        subs = list(module) if isinstance(module, nn.ModuleList) else [module]
+        for i, sub in enumerate(subs):
+            key = f"{name}.{i}"
+            counts[key] = 0
+            sub.register_forward_hook(lambda *_, key=key: counts.__setitem__(key, counts[key] + 1))
+    return counts
+
+
+@pytest.mark.parametrize("types", [
+    [1, 1, 3, 3, 1],  # no image rows at all
+    [1, 2, 2, 4, 4],  # no text answer rows
+    [2, 2, 4, 4, 4],  # no word-embedded rows
+])
+def test_conditional_modules_run_once_and_get_zero_grads_when_unused(types: list[int]) -> None:
+    torch.manual_seed(0)
+    model = LuminaModel(LuminaConfig.tiny())
+    calls = _calls(model)
+    out = model(make_batch(types))
+    assert set(calls.values()) == {1}, calls
+    loss = out.text_logits.float().logsumexp(-1).sum() + out.image_logits.float().logsumexp(-1).sum()
+    loss.backward()
+    for name, module in model.conditional_modules().items():
+        for pname, p in module.named_parameters():
+            assert p.grad is not None, f"{name}.{pname} left the graph"
+    heads = model.conditional_modules()
+    if 3 not in types:
+        assert out.text_logits.shape[0] == 0 and torch.count_nonzero(heads["lm_head"].weight.grad) == 0
+    if 4 not in types:
+        assert out.image_logits.shape[0] == 0
+        for p in [*heads["multi_codebook_head"].parameters(), *heads["lm_img_head"].parameters()]:
+            assert torch.count_nonzero(p.grad) == 0
+    if not {2, 4} & set(types):
+        assert torch.count_nonzero(heads["img_embeddings_proj"].weight.grad) == 0
+    if not {0, 1, 3} & set(types):
+        assert torch.count_nonzero(heads["word_embeddings"].weight.grad) == 0
+
+
+@pytest.mark.parametrize(("target", "stage"), [
+    ("model.word_embeddings.weight", "embeddings"),
+    ("model.layers.1.attention.dense.weight", "backbone"),
+    ("lm_head.weight", "text logits"),
+    ("multi_codebook_head.channel_norm.bias", "channel head"),
+    ("lm_img_head.2.weight", "image logits"),
+])
+def test_finite_checks_name_the_stage(target: str, stage: str) -> None:
+    torch.manual_seed(0)
+    model = LuminaModel(LuminaConfig.tiny(check_finite=True))
+    batch = make_batch([1, 2, 3, 3, 4, 4])
+    model(batch)  # finite: no raise
+    with torch.no_grad():
+        dict(model.named_parameters())[target].fill_(float("inf"))
+    with pytest.raises(FloatingPointError, match=stage):
+        model(batch)
+
+
+def test_finite_checks_off_by_default() -> None:
+    model = LuminaModel(LuminaConfig.tiny())
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    assert model(make_batch([1, 3, 3])).text_logits.isnan().all()
