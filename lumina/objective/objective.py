@@ -7,6 +7,7 @@ sum_local / N_global * world_size, so the mean over ranks that DDP/FSDP gradient
 the gradient of the global-token mean. The objective never re-selects rows: targets are gathered at the
 output's `text_rows` / `image_rows`, and both head terms always join the loss (an empty row set gives an
 exact 0 connected to the graph), so every conditional module's backward runs on every rank.
+Gradient accumulation averages the micro-batch losses (Lightning divides each by accumulate_grad_batches).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 import torch
 from objective_dist_worker import Segment, build_model, make_pack
 
-from lumina.objective import LuminaObjective, ObjectiveConfig, find_expert_biases
+from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig, find_expert_biases
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,36 @@ def test_group_setter_reaches_the_bias_counts() -> None:
     sentinel = object()
     objective.group = sentinel
     assert objective.group is sentinel and objective.bias_updater.group is sentinel
+
+
+def test_zero_weights_keep_every_conditional_module_in_the_graph(model) -> None:
+    model.zero_grad(set_to_none=True)
+    pack = make_pack([Segment(prompt=2, text=4, text_sup=3, image=3, image_sup=3)], seed=10)
+    result = LuminaObjective(ObjectiveConfig(text_weight=0.0, image_weight=0.0))(model(pack), pack)
+    assert result.loss.item() == 0.0 and result.text_loss.item() > 0 and result.image_loss.item() > 0
+    result.loss.backward()
+    for name, module in model.conditional_modules().items():
+        assert all(p.grad is not None for p in module.parameters()), name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    pack = make_pack([Segment(prompt=3, text=6, text_sup=4, image=4, image_sup=3)], seed=11, pad=2)
+    cfg = ObjectiveConfig(text_weighting="inverse_t", balance=BalanceConfig(aux_coef=0.01))
+    results = {}
+    for device in ("cpu", "cuda"):
+        model = build_model().to(device)
+        batch = pack.to(device)
+        objective = LuminaObjective(cfg)
+        result = objective(model(batch), batch)
+        result.loss.backward()
+        update = objective.on_optimizer_step(model)
+        results[device] = (result, update, model.lm_head.weight.grad)
+    (cpu, cpu_update, cpu_grad), (gpu, gpu_update, gpu_grad) = results["cpu"], results["cuda"]
+    assert gpu.loss.device.type == "cuda"
+    torch.testing.assert_close(gpu.loss.cpu(), cpu.loss, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gpu.image_loss_per_codebook.cpu(), cpu.image_loss_per_codebook, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gpu.expert_load.sum(dim=1).cpu(), cpu.expert_load.sum(dim=1))
+    torch.testing.assert_close(gpu_grad.cpu(), cpu_grad, rtol=1e-3, atol=1e-6)
+    assert gpu_update is not None and cpu_update is not None
