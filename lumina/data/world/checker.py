@@ -10,18 +10,30 @@ the (shape, size) template, drawn at that centre (+-1 px), with the highest IoU 
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from lumina.data.world.scene import COLOURS, COLS, IMAGE_SIZE, ROWS, SHAPES, SIZES, ObjectSpec, shape_mask
 
 MIN_FOREGROUND_PX = 4
+_TEMPLATE_KEYS = [(shape, size) for shape in SHAPES for size in SIZES]
+_OFFSETS = [(ox, oy) for ox in (-0.5, 0.0, 0.5) for oy in (-0.5, 0.0, 0.5)]
 
 
-def _as_unit_image(pixels: torch.Tensor) -> torch.Tensor:
+@functools.lru_cache(maxsize=4096)
+def _templates(cx: float, cy: float) -> np.ndarray:
+    """[len(_TEMPLATE_KEYS) * len(_OFFSETS), 32 * 32] masks of every (shape, size) drawn at (cx, cy) +- 0.5 px."""
+    return torch.stack([shape_mask(shape, SIZES[size], cx + ox, cy + oy).flatten()
+                        for shape, size in _TEMPLATE_KEYS for ox, oy in _OFFSETS]).numpy()
+
+
+def _as_unit_image(pixels: torch.Tensor) -> np.ndarray:
     if not isinstance(pixels, torch.Tensor) or pixels.shape != (3, IMAGE_SIZE, IMAGE_SIZE):
         shape = list(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__
         raise ValueError(f"pixels has shape {shape}; expected a [3, {IMAGE_SIZE}, {IMAGE_SIZE}] tensor in [-1, 1]")
-    return ((pixels.detach().float().cpu() + 1) / 2).clamp(0, 1)
+    return ((pixels.detach().float().cpu().numpy() + 1) / 2).clip(0, 1)
 
 
 def _nearest(value: float, table: dict[str, int]) -> str:
@@ -31,26 +43,21 @@ def _nearest(value: float, table: dict[str, int]) -> str:
 def classify_image(pixels: torch.Tensor) -> dict[str, str] | None:
     """{colour, shape, size, position} read from a [3, 32, 32] image in [-1, 1]; None if nothing is drawn."""
     image = _as_unit_image(pixels)
-    foreground = image.amax(dim=0) > 0.5
+    foreground = image.max(axis=0) > 0.5
     if int(foreground.sum()) < MIN_FOREGROUND_PX:
         return None
-    mean_rgb = image[:, foreground].mean(dim=1)
-    rgb = tuple(int(v > 0.5) for v in mean_rgb.tolist())
+    mean_rgb = image[:, foreground].mean(axis=1)
+    rgb = tuple(int(v > 0.5) for v in mean_rgb)
     colour = next((name for name, value in COLOURS.items() if value == rgb), "black")
-    ys, xs = torch.nonzero(foreground, as_tuple=True)
+    ys, xs = np.nonzero(foreground)
     cx = (int(xs.min()) + int(xs.max()) + 1) / 2
     cy = (int(ys.min()) + int(ys.max()) + 1) / 2
-    best, best_iou = ("circle", "small"), -1.0
-    for shape in SHAPES:
-        for size, extent in SIZES.items():
-            for ox in (-0.5, 0.0, 0.5):
-                for oy in (-0.5, 0.0, 0.5):
-                    template = shape_mask(shape, extent, cx + ox, cy + oy)
-                    iou = float((template & foreground).sum()) / float((template | foreground).sum())
-                    if iou > best_iou:
-                        best, best_iou = (shape, size), iou
+    templates = _templates(cx, cy)  # [T, 32 * 32]
+    flat = foreground.reshape(-1)
+    iou = (templates & flat).sum(1) / (templates | flat).sum(1)
+    shape, size = _TEMPLATE_KEYS[int(iou.argmax()) // len(_OFFSETS)]
     position = f"{_nearest(cy, ROWS)} {_nearest(cx, COLS)}"
-    return {"colour": colour, "shape": best[0], "size": best[1], "position": position}
+    return {"colour": colour, "shape": shape, "size": size, "position": position}
 
 
 def check_image(pixels: torch.Tensor, spec: ObjectSpec) -> float:

@@ -1,0 +1,51 @@
+"""Helpers for the storage / build / world tests: sample equality and small hand-made samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumina.data.schema import Media, Sample, Text, Turn
+
+
+def assert_samples_equal(a: Sample, b: Sample) -> None:
+    assert (a.id, a.source) == (b.id, b.source)
+    assert [t.role for t in a.turns] == [t.role for t in b.turns]
+    for k, (ta, tb) in enumerate(zip(a.turns, b.turns, strict=True)):
+        assert len(ta.parts) == len(tb.parts), f"turn {k}"
+        for pa_, pb in zip(ta.parts, tb.parts, strict=True):
+            assert type(pa_) is type(pb)
+            if isinstance(pa_, Text):
+                assert list(pa_.ids) == list(pb.ids)
+            else:
+                assert pa_.kind == pb.kind and tuple(pa_.grid) == tuple(pb.grid)
+                assert pa_.codes.dtype == pb.codes.dtype == torch.int64
+                assert torch.equal(pa_.codes, pb.codes)
+
+
+def codes(n: int, c: int, high: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, high, (n, c), generator=torch.Generator().manual_seed(seed))
+
+
+def mixed_samples(c: int = 8, high: int = 4096) -> list[Sample]:
+    """Understanding (image + video + 3-D prompt -> text), t2i (text -> image), and a system + two-exchange chat."""
+    return [
+        Sample("und-0", [
+            Turn("user", [Media("image", codes(6, c, high, 1), (2, 3)), Text([10, 11, 12]),
+                          Media("video", codes(2 * 2 * 3, c, high, 2), (2, 2, 3)),
+                          Media("mesh3d", codes(2 * 3 * 2, c, high, 3), (2, 3, 2))]),
+            Turn("assistant", [Text([20, 21])])], source="und"),
+        Sample("t2i-0", [Turn("user", [Text([30, 31, 32, 33])]),
+                         Turn("assistant", [Media("image", codes(4 * 5, c, high, 4), (4, 5))])], source="gen"),
+        Sample("chat-0", [Turn("system", [Text([5, 6])]), Turn("user", [Text([40])]), Turn("assistant", [Text([41])]),
+                          Turn("user", [Text([42, 43])]), Turn("assistant", [Text([44, 45, 46])])]),
+    ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These tests run many tiny tensor ops; on a shared, oversubscribed CPU one intra-op thread is ~10x faster."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,96 @@
+"""Mixture plans: realised proportions near the weights, deterministic per seed, new draw per epoch."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from lumina.data.mixture import MixturePlan
+
+
+class Sized:
+    """A stand-in source: only len and stored lengths matter to the plan (row i has lengths [i, i+1, i+2, i+3])."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def laid_out_lengths(self) -> np.ndarray:
+        return np.arange(self.n)[:, None] + np.arange(4)[None, :]
+
+
+SOURCES = {"a": Sized(1000), "b": Sized(37), "c": Sized(5)}
+WEIGHTS = {"a": 5.0, "b": 3.0, "c": 2.0}  # normalised 0.5 / 0.3 / 0.2
+N = 20_000
+
+
+def test_realised_proportions_match_the_weights():
+    """Each slot is an independent categorical draw, so a source's share has std sqrt(p(1-p)/N) <= 0.0036
+    for N = 20000; 0.02 is > 5 std (a false failure has probability < 1e-6 per source and epoch)."""
+    plan = MixturePlan(SOURCES, WEIGHTS, seed=1, samples_per_epoch=N)
+    for epoch in range(3):
+        mix = plan.epoch(epoch)
+        assert len(mix.items) == N and sum(mix.counts.values()) == N
+        realised = Counter(name for name, _ in mix.items)
+        for name, w in WEIGHTS.items():
+            target = w / sum(WEIGHTS.values())
+            assert mix.proportions[name] == realised[name] / N
+            assert abs(mix.proportions[name] - target) < 0.02, (epoch, name, mix.proportions)
+        assert mix.log_dict() == {f"data/mix/{k}": v for k, v in mix.proportions.items()}
+
+
+def test_deterministic_per_seed_and_different_per_epoch():
+    plan = MixturePlan(SOURCES, WEIGHTS, seed=7, samples_per_epoch=500)
+    again = MixturePlan(SOURCES, WEIGHTS, seed=7, samples_per_epoch=500)
+    assert plan.epoch(2).items == again.epoch(2).items
+    assert plan.epoch(2).items != plan.epoch(3).items
+    assert plan.epoch(2).items != MixturePlan(SOURCES, WEIGHTS, seed=8, samples_per_epoch=500).epoch(2).items
+
+
+def test_indices_cover_a_source_before_repeating():
+    """Indices come from whole permutations, so with `count` draws from a source of size n every index
+    appears floor(count / n) or ceil(count / n) times (e.g. 'c': ~4000 draws of 5 samples)."""
+    mix = MixturePlan(SOURCES, WEIGHTS, seed=3, samples_per_epoch=N).epoch(0)
+    for name, source in SOURCES.items():
+        seen = Counter(i for n, i in mix.items if n == name)
+        count = mix.counts[name]
+        assert set(seen) <= set(range(len(source)))
+        lo, hi = count // len(source), math.ceil(count / len(source))
+        assert all(lo <= seen.get(i, 0) <= hi for i in range(len(source))), name
+
+
+def test_lengths_come_from_the_stored_columns():
+    plan = MixturePlan(SOURCES, WEIGHTS, seed=0, samples_per_epoch=50)
+    mix = plan.epoch(0)
+    lengths = plan.lengths(mix)
+    assert lengths.shape == (50, 4)
+    for (_, index), row in zip(mix.items, lengths, strict=True):
+        assert row.tolist() == [index, index + 1, index + 2, index + 3]
+
+
+def test_zero_weight_source_is_never_drawn():
+    mix = MixturePlan(SOURCES, {"a": 1.0, "b": 0.0, "c": 1.0}, seed=0, samples_per_epoch=300).epoch(0)
+    assert mix.counts["b"] == 0 and mix.proportions["b"] == 0.0
+    assert {name for name, _ in mix.items} == {"a", "c"}
+
+
+@pytest.mark.parametrize(("weights", "spe", "pattern"), [
+    ({"a": 1.0, "b": 1.0}, 10, "differ from sources names"),
+    ({"a": 1.0, "b": -1.0, "c": 1.0}, 10, r"weights\['b'\]=-1.0"),
+    ({"a": 0.0, "b": 0.0, "c": 0.0}, 10, "positive sum"),
+    ({"a": 1.0, "b": float("nan"), "c": 1.0}, 10, r"weights\['b'\]=nan"),
+    (WEIGHTS, 0, "samples_per_epoch=0"),
+])
+def test_bad_configs_raise(weights, spe, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        MixturePlan(SOURCES, weights, seed=0, samples_per_epoch=spe)
+
+
+def test_empty_source_with_weight_raises():
+    with pytest.raises(ValueError, match=r"sources\['e'\] is empty"):
+        MixturePlan({"a": Sized(3), "e": Sized(0)}, {"a": 1.0, "e": 1.0}, seed=0, samples_per_epoch=10)
