@@ -1,0 +1,120 @@
+"""Epoch plan, dealing to data-parallel ranks, the pack cursor and re-dealing at another world size."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lumina.data.dataset import SyntheticSource, keys_for
+from lumina.data.plan import PackSchedule, deal, padding_packs, plan_epoch, steps_left
+
+BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8, 14, 2, 3, 4, 13, 5, 6]
+
+
+def make_schedule(world: int, rank: int = 0, seed: int = 7) -> PackSchedule:
+    src = SyntheticSource(BASE, num_codebooks=2, drop_prob=0.5, drop=3)
+    return PackSchedule(src.lengths, 16, seed, rank=rank, world_size=world, sample_id=src.sample_id)
+
+
+def test_deal_by_hand() -> None:
+    assert deal(7, 0, 0, 2) == [0, 2, 4, 6]
+    assert deal(7, 0, 1, 2) == [1, 3, 5, None]
+    assert padding_packs(7, 0, 2) == 1
+    assert deal(7, 4, 0, 3) == [4] and deal(7, 4, 2, 3) == [6]
+    assert padding_packs(7, 4, 3) == 0
+    assert deal(7, 5, 1, 3) == [6] and deal(7, 5, 2, 3) == [None]
+    assert padding_packs(7, 5, 3) == 1
+    assert deal(10, 1, 1, 4) == [2, 6, None]
+    assert padding_packs(10, 1, 4) == 3
+    assert steps_left(7, 7, 4) == 0 and deal(7, 7, 3, 4) == []
+    with pytest.raises(ValueError, match="rank=2"):
+        deal(7, 0, 2, 2)
+
+
+def test_plan_covers_every_sample_once_per_epoch() -> None:
+    src = SyntheticSource(BASE, num_codebooks=2, drop_prob=0.5, drop=3)
+    plans = [plan_epoch(src.lengths(e), 16, 7, e) for e in range(3)]
+    for plan in plans:
+        flat = [i for p in range(plan.num_packs) for i in plan.pack(p)]
+        assert sorted(flat) == list(range(len(BASE)))
+        for p in range(plan.num_packs):
+            assert sum(plan.lengths[i] for i in plan.pack(p)) <= 16
+    assert src.lengths(0) != src.lengths(1)  # the seeded "dropout" changes lengths between epochs
+    assert len({tuple(plan.pack(p) for p in range(plan.num_packs)) for plan in plans}) == 3
+    again = plan_epoch(src.lengths(1), 16, 7, 1)
+    assert again.fingerprint() == plans[1].fingerprint()
+    assert plan_epoch(src.lengths(1), 16, 8, 1).fingerprint() != plans[1].fingerprint()
+
+
+def test_ranks_partition_the_epoch_with_equal_steps(caplog: pytest.LogCaptureFixture) -> None:
+    world = 3
+    scheds = [make_schedule(world, r) for r in range(world)]
+    with caplog.at_level(logging.INFO, logger="lumina.data.plan"):
+        dealt = [s.begin(0) for s in scheds]
+    num_packs = scheds[0].plan().num_packs
+    assert len({len(d) for d in dealt}) == 1
+    real = [p for d in dealt for p in d if p is not None]
+    assert sorted(real) == list(range(num_packs))
+    pads = sum(p is None for d in dealt for p in d)
+    assert pads == (-num_packs) % world
+    if pads:
+        assert f"-> {pads} all-padding packs" in caplog.text
+    keys = keys_for(scheds[0].plan(), dealt[-1])
+    assert all((k.indices == ()) == (p is None) for k, p in zip(keys, dealt[-1], strict=True))
+
+
+def remaining_after(world_from: int, steps: int, world_to: int) -> tuple[list[list[int | None]], int, int]:
+    """Consume `steps` at `world_from` ranks, save, resume at `world_to`: each new rank's packs."""
+    old = [make_schedule(world_from, r) for r in range(world_from)]
+    for s in old:
+        s.begin(0)
+        s.consumed(steps)
+    states = [s.state_dict() for s in old]
+    assert all(st == states[0] for st in states)  # every rank saves the same global cursor
+    new = [make_schedule(world_to, r) for r in range(world_to)]
+    dealt = []
+    for s in new:
+        s.load_state_dict(states[0])
+        dealt.append(s.begin(0))
+    return dealt, states[0]["cursor"], new[0].plan().num_packs
+
+
+@pytest.mark.parametrize(("world_from", "world_to"), [(2, 1), (1, 2), (2, 3), (2, 2)])
+def test_redeal_remaining_packs(world_from: int, world_to: int, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="lumina.data.plan"):
+        dealt, cursor, num_packs = remaining_after(world_from, 2, world_to)
+    assert cursor == 2 * world_from
+    real = [p for d in dealt for p in d if p is not None]
+    assert sorted(real) == list(range(cursor, num_packs))  # exactly the plan's remaining packs, once each
+    assert len({len(d) for d in dealt}) == 1
+    assert ("re-dealing the remaining" in caplog.text) == (world_from != world_to)
+    if world_from == world_to:  # same DP size: every rank continues its own uninterrupted stream
+        full = [make_schedule(world_from, r).begin(0) for r in range(world_from)]
+        assert dealt == [f[2:] for f in full]
+
+
+def test_cursor_counts_consumed_steps_and_epochs() -> None:
+    s = make_schedule(2)
+    s.begin(0)
+    s.consumed(3)
+    assert s.cursor == 6
+    assert s.begin(0) == deal(s.plan().num_packs, 6, 0, 2)  # re-iterating the epoch in progress continues
+    s.consumed(100)
+    assert s.cursor == s.plan().num_packs  # clamped at the end of the plan
+    s.begin(1)
+    assert (s.epoch, s.cursor) == (1, 0)
+
+
+def test_load_state_mismatch_raises() -> None:
+    s = make_schedule(1)
+    s.begin(0)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="seed=7, but the data config has seed=8"):
+        make_schedule(1, seed=8).load_state_dict(state)
+    with pytest.raises(ValueError, match="plan fingerprint"):
+        make_schedule(1).load_state_dict({**state, "fingerprint": "0" * 16})
+    with pytest.raises(ValueError, match="cursor=999"):
+        make_schedule(1).load_state_dict({**state, "cursor": 999})
+    with pytest.raises(ValueError, match=r"lacks \['cursor'\]"):
+        make_schedule(1).load_state_dict({k: v for k, v in state.items() if k != "cursor"})
