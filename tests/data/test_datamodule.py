@@ -1,0 +1,146 @@
+"""LuminaDataModule loaders, LayoutSource over real samples + layout, validation loader, config checks."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+
+from lumina.data.datamodule import DataConfig, LuminaDataModule
+from lumina.data.dataset import LayoutSource, SyntheticSource
+from lumina.data.layout import layout_eval, layout_sample
+from lumina.data.noise import NoiseConfig
+from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.special_tokens import SpecialTokens
+from lumina.data.storage import InMemorySampleDataset
+
+BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8]
+
+
+def batches_of(loader) -> list[tuple]:
+    return [(b.cu_seqlens.tolist(), b.input_ids.sum().item(), b.labels.sum().item(), b.token_valid.sum().item())
+            for b in loader]
+
+
+def make_dm(workers: int = 0, base: list[int] = BASE, **cfg) -> LuminaDataModule:
+    src = SyntheticSource(base, num_codebooks=2, drop_prob=0.5, drop=3)
+    return LuminaDataModule(DataConfig(seq_len=16, num_workers=workers, num_codebooks=2, **cfg), src,
+                            val_source=SyntheticSource(base[:7], num_codebooks=2))
+
+
+def test_train_loader_workers_match_and_cover_epoch() -> None:
+    plain, pooled = make_dm(0), make_dm(2)
+    for epoch in range(2):
+        plain.sampler.set_epoch(epoch)
+        pooled.sampler.set_epoch(epoch)
+        a, b = list(plain.train_dataloader()), batches_of(pooled.train_dataloader())
+        assert batches_of(a) == b
+        samples = sorted(int(x.input_ids[0, s, 0]) for x in a for s in x.seg_bounds[:-1])
+        assert samples == list(range(len(BASE)))
+        assert all(int(x.input_ids[0, 0, 1]) == epoch for x in a)  # the sequences of that epoch
+
+
+def test_overlong_skip_in_datamodule(caplog: pytest.LogCaptureFixture) -> None:
+    dm = make_dm(0, base=[5, 30, 7, 40, 3], overlong="skip")
+    with caplog.at_level(logging.WARNING, logger="lumina.data.plan"):
+        batches = list(dm.train_dataloader())
+    assert sorted(int(x.input_ids[0, s, 0]) for x in batches for s in x.seg_bounds[:-1]) == [0, 2, 4]
+    assert "skipped 2 samples longer than seq_len=16" in caplog.text
+    with pytest.raises(ValueError, match=r"sample syn-1 \(index 1\) has laid-out length (27|30) > seq_len=16"):
+        list(make_dm(0, base=[5, 30, 7]).train_dataloader())
+
+
+def test_val_loader_fixed_and_dealt() -> None:
+    dms = [make_dm(0) for _ in range(2)]
+    for r, dm in enumerate(dms):
+        dm.schedule.set_rank(r, 2)
+    first = [batches_of(dm.val_dataloader()) for dm in dms]
+    assert first == [batches_of(dm.val_dataloader()) for dm in dms]  # the same every time
+    assert len(first[0]) == len(first[1])
+    seen = [int(x.input_ids[0, s, 0]) for dm in dms for x in dm.val_dataloader() for s in x.seg_bounds[:-1]]
+    assert sorted(seen) == list(range(7))
+
+
+def test_trainer_requires_no_distributed_sampler() -> None:
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            return self.w.sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match="use_distributed_sampler=False"):
+        trainer.fit(Tiny(), datamodule=make_dm(0))
+
+
+@pytest.mark.parametrize(("field", "value"), [("seq_len", 0), ("overlong", "truncate"), ("num_workers", -1),
+                                              ("val_noise_t", 1.5), ("num_codebooks", 0)])
+def test_config_rejects(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"DataConfig.{field}="):
+        DataConfig(**{field: value})
+
+
+def test_config_sources_from_dicts() -> None:
+    cfg = DataConfig(sources=[{"name": "world", "weight": 2.0}])
+    assert cfg.sources[0].name == "world" and cfg.sources[0].weight == 2.0
+    with pytest.raises(ValueError, match=r"sources\['x'\].weight=0"):
+        DataConfig(sources=[{"name": "x", "weight": 0}])
+
+
+# ---------------------------------------------------------------- LayoutSource over real samples
+
+
+def real_samples(tokens: SpecialTokens) -> list[Sample]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for k in range(6):
+        grid = (2, 3 + k % 2)
+        codes = torch.randint(0, tokens.codebook_size, (grid[0] * grid[1], tokens.num_codebooks), generator=gen)
+        prompt = [Text(list(range(10, 14 + k)))]
+        if k % 2:  # image answers; odd ones also carry a source image in the prompt
+            prompt = [Media("image", codes.clone(), grid), *prompt]
+        answer = [Media("image", codes, grid)] if k < 4 else [Text(list(range(20, 25 + 3 * k)))]
+        out.append(Sample(f"s{k}", [Turn("user", prompt), Turn("assistant", answer)]))
+    return out
+
+
+def test_layout_source_lengths_match_layout() -> None:
+    tokens = SpecialTokens.official()
+    dataset = InMemorySampleDataset(real_samples(tokens), tokens)
+    noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
+    src = LayoutSource(dataset, noise, seed=3)
+    per_epoch = []
+    for epoch in range(4):
+        lengths = src.lengths(epoch)
+        assert lengths == [len(layout_sample(dataset[i], tokens, noise, 3, epoch)) for i in range(len(src))]
+        per_epoch.append(lengths)
+        for i in range(len(src)):
+            seq = src.sequence(i, epoch)
+            assert len(seq) == lengths[i] and seq.sample_id == f"s{i}"
+    assert len({tuple(x) for x in per_epoch}) > 1  # CFG dropout changes some lengths between epochs
+    dm = LuminaDataModule(DataConfig(seq_len=256), src)
+    batches = list(dm.train_dataloader())
+    assert sum(int(b.token_valid.sum()) for b in batches) == sum(per_epoch[0])
+    assert sum(len(b.seg_bounds) - 1 for b in batches) == len(src)
+
+
+def test_layout_source_eval_fixed_noise() -> None:
+    tokens = SpecialTokens.official()
+    dataset = InMemorySampleDataset(real_samples(tokens), tokens)
+    noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
+    src = LayoutSource(dataset, noise, seed=3, eval_t=0.5)
+    assert src.lengths(0) == src.lengths(7) == dataset.laid_out_lengths()[:, 0].tolist()
+    for i in range(len(src)):
+        a, b = src.sequence(i, 0), src.sequence(i, 9)
+        want = layout_eval(dataset[i], tokens, noise, 3, 0.5)
+        assert torch.equal(a.input_ids, want.input_ids) and torch.equal(b.input_ids, want.input_ids)
+    with pytest.raises(ValueError, match="eval_t=2"):
+        LayoutSource(dataset, noise, seed=3, eval_t=2)
