@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
+from lumina.attention.backends import flash_varlen, flex, sdpa_dense, segmented
 from lumina.attention.counters import count
 from lumina.attention.spec import AttentionSpec
 
 FALLBACK = "segmented"  # serves every batch on every device
-
-
-def _backend(name: str):
-    return importlib.import_module(f"lumina.attention.backends.{name}")
+_BACKENDS = {"sdpa_dense": sdpa_dense, "segmented": segmented, "flex": flex, "flash_varlen": flash_varlen}
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> None:
@@ -37,12 +33,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpe
     (counted as "fallback:<backend>->segmented")."""
     _check_shapes(q, k, v, spec)
     name = spec.backend
-    backend = _backend(name)
+    backend = _BACKENDS[name]
     reason = backend.unavailable(q, spec)
     if reason is not None:
         if spec.strict:
             raise RuntimeError(f"attention backend {name!r} cannot serve this call (strict mode): {reason}")
         count(f"fallback:{name}->{FALLBACK}")
-        name, backend = FALLBACK, _backend(FALLBACK)
+        name, backend = FALLBACK, _BACKENDS[FALLBACK]
     count(name)
     return backend.forward(q, k, v, spec)

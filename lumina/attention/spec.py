@@ -20,6 +20,7 @@ from lumina.data.batch import PackedBatch
 
 BACKENDS = ("sdpa_dense", "segmented", "flex", "flash_varlen")
 STRICT_ENV = "LUMINA_ATTN_STRICT"
+ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 
 
 @dataclass(eq=False)
@@ -53,7 +54,22 @@ class AttentionSpec:
         return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
 
     def allowed(self, rows: slice, cols: slice) -> torch.Tensor:
-        """[1, len(rows), len(cols)] bool: query rows may attend key cols (segment, validity and rules)."""
+        """[1, len(rows), len(cols)] bool: query rows may attend key cols (segment, validity and rules).
+        Evaluated in row chunks so the rule's temporaries stay near ALLOWED_CHUNK elements."""
+        row_start, row_stop, _ = rows.indices(self.seq_len)
+        col_start, col_stop, _ = cols.indices(self.seq_len)
+        cols = slice(col_start, col_stop)
+        step = max(1, ALLOWED_CHUNK // max(1, col_stop - col_start))
+        if row_stop - row_start <= step:
+            return self._allowed(slice(row_start, row_stop), cols)
+        out = torch.empty(1, row_stop - row_start, col_stop - col_start, dtype=torch.bool,
+                          device=self.valid.device)
+        for first in range(row_start, row_stop, step):
+            last = min(first + step, row_stop)
+            out[:, first - row_start:last - row_start] = self._allowed(slice(first, last), cols)
+        return out
+
+    def _allowed(self, rows: slice, cols: slice) -> torch.Tensor:
         def q(t: torch.Tensor) -> torch.Tensor:
             return t[:, rows, None]
 

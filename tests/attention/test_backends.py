@@ -95,3 +95,33 @@ def test_attend_shape_errors():
         attend(q, k[:, :1].repeat(1, 3, 1, 1), v[:, :1].repeat(1, 3, 1, 1), spec)
     with pytest.raises(ValueError, match="4-D"):
         attend(q[0], k[0], v[0], spec)
+
+
+def test_segmented_token_major_layout_and_batch_of_two():
+    """B = 2 query batches over one pack (e.g. guidance branches), q/k/v in token-major memory."""
+    batch = random_pack(6, [24, 24, 24, 10, 30], tail=8)
+    g = torch.Generator().manual_seed(7)
+    seq_len = batch.seq_len
+    tensors = [torch.randn(2, seq_len, heads, HEAD_DIM, generator=g).transpose(1, 2).requires_grad_()
+               for heads in (HEADS, KV_HEADS, KV_HEADS)]
+    upstream = torch.randn(2, HEADS, seq_len, HEAD_DIM, generator=g)
+    dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
+    out, grads = run("segmented", batch, tensors, upstream)
+    torch.testing.assert_close(out, dense_out, **TOLERANCE[torch.float32])
+    for grad, ref in zip(grads, dense_grads, strict=True):
+        torch.testing.assert_close(grad, ref, **TOLERANCE[torch.float32])
+    ref = reference(batch, [t[1:] for t in tensors])  # batch row 1 against the float64 reference
+    torch.testing.assert_close(out[1:], ref.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_rule_evaluation_matches_allowed_mask(monkeypatch):
+    from lumina.attention import spec as spec_module
+
+    batch = random_pack(8, [40, 23, 31], tail=6)
+    spec = build_spec(batch)
+    whole = slice(0, batch.seq_len)
+    expected = allowed_mask(batch.token_valid, batch.cu_seqlens, batch.type_ids, batch.turn_ids,
+                            batch.is_clean, batch.block_ids)
+    monkeypatch.setattr(spec_module, "ALLOWED_CHUNK", 7 * batch.seq_len)  # 7 rows per chunk
+    assert torch.equal(spec.allowed(whole, whole), expected)
+    assert torch.equal(spec.allowed(slice(40, 63), slice(40, 63)), expected[:, 40:63, 40:63])

@@ -52,4 +52,5 @@ def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
         return out
     rows = invalid_rows(spec)
     filled = uniform_attention(q.index_select(2, rows), k, v).to(out.dtype)
-    return out.index_copy(2, rows, filled)
+    # in the token-major layout [B, S, h, hd], which the segmented backend and SDPA's CPU kernel produce
+    return out.transpose(1, 2).index_copy(1, rows, filled.transpose(1, 2)).transpose(1, 2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lumina.attention.backends.common import fill_masked_rows
-from lumina.attention.backends.segmented import build_plan
+from lumina.attention.backends.segmented import plan_of
 from lumina.attention.spec import AttentionSpec
 
 try:
@@ -19,8 +19,7 @@ except ImportError:
 
 
 def _plain(spec: AttentionSpec) -> bool:
-    plan = spec.cached("segmented", lambda: build_plan(spec))
-    return all(group.allowed is None for group in plan.groups)
+    return all(run.plain for run in plan_of(spec).runs)
 
 
 def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:

@@ -1,7 +1,10 @@
-"""`segmented`: SDPA per packed segment, segments of equal length batched into one call.
+"""`segmented`: SDPA per packed segment; adjacent segments of equal length share one call.
 
-FLOPs and mask memory go from S^2 to sum(L_i^2). Segments whose rule slice allows every pair (plain
-bidirectional) run without a mask. The plan (groups, gather indices, masks) is built on the first call and
+FLOPs and mask memory go from S^2 to sum(L_i^2). The pack is split (views) into runs: a run is one segment,
+or several adjacent segments of equal length, which become the batch dim of one SDPA call. Working in the
+token-major layout [B, S, h, hd] (what q.transpose(1, 2) of a fused-QKV projection already is) makes every
+split a view; the outputs are joined with one cat, and the backward is one cat per input. Runs whose rule
+slice allows every pair (plain bidirectional) run without a mask. The plan is built on the first call and
 cached on the spec; masks per dtype.
 """
 
@@ -17,84 +20,83 @@ from lumina.attention.spec import AttentionSpec
 
 
 @dataclass
-class Group:
-    """m segments of one length L: positions `index` [m * L] (None when one contiguous run from `start`),
-    `allowed` [1, m, 1, L, L] bool or None when every pair is allowed."""
+class Run:
+    """`count` adjacent segments of `length` tokens from `start`; `plain` when the rule allows every pair
+    inside each of them (no mask needed)."""
 
+    start: int
     length: int
     count: int
-    start: int
-    index: torch.Tensor | None
-    allowed: torch.Tensor | None
+    plain: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.length * self.count
 
 
 @dataclass
 class Plan:
-    groups: list[Group]
-    order: torch.Tensor | None  # [S] gather from the concatenated group outputs back to positions; None = identity
-    tail: int  # positions after the packed part
-
-
-def _contiguous(starts: list[int], length: int) -> bool:
-    return all(b - a == length for a, b in zip(starts, starts[1:], strict=False))
+    runs: list[Run]
+    tail: int  # positions after the packed part (token_valid false)
 
 
 def build_plan(spec: AttentionSpec) -> Plan:
-    device = spec.valid.device
-    by_length: dict[int, list[int]] = {}
+    """Runs of adjacent equal-length segments and whether each is plain (one host read)."""
+    runs: list[Run] = []
     for start, length in zip(spec.bounds, spec.lengths, strict=False):
-        by_length.setdefault(length, []).append(start)
-    groups, allowed = [], []
-    for length, starts in by_length.items():
-        positions = torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)
-        index = None if _contiguous(starts, length) else positions.reshape(-1)
-        seg_allowed = torch.stack([spec.allowed(slice(s, s + length), slice(s, s + length))[0] for s in starts])
-        groups.append(Group(length, len(starts), starts[0], index, seg_allowed[None, :, None]))
-        allowed.append(seg_allowed.all())
-    plain = torch.stack(allowed).tolist()  # one host read for the whole plan
-    for group, is_plain in zip(groups, plain, strict=True):
-        if is_plain:
-            group.allowed = None
-    covered = [torch.arange(g.start, g.start + g.length * g.count, device=device) if g.index is None else g.index
-               for g in groups]
-    tail = spec.seq_len - spec.bounds[-1]
-    covered.append(torch.arange(spec.bounds[-1], spec.seq_len, device=device))
-    flat = torch.cat(covered)
-    identity = len(groups) == 1 or bool(all(a.start < b.start for a, b in zip(groups, groups[1:], strict=False))
-                                        and all(g.index is None for g in groups))
-    order = None if identity else torch.argsort(flat)
-    return Plan(groups, order, tail)
+        if runs and runs[-1].length == length:
+            runs[-1].count += 1
+        else:
+            runs.append(Run(start, length, 1))
+    plain = torch.stack([run_allowed(spec, run).all() for run in runs]).tolist()
+    for run, is_plain in zip(runs, plain, strict=True):
+        run.plain = is_plain
+    return Plan(runs, spec.seq_len - spec.bounds[-1])
 
 
-def _group_masks(plan: Plan, spec: AttentionSpec, dtype: torch.dtype) -> list[torch.Tensor | None]:
-    return [None if g.allowed is None else additive(g.allowed, dtype) for g in plan.groups]
+def run_allowed(spec: AttentionSpec, run: Run) -> torch.Tensor:
+    """[m, 1, L, L] bool rule slices of the run's segments."""
+    starts = range(run.start, run.start + run.size, run.length)
+    return torch.stack([spec.allowed(slice(s, s + run.length), slice(s, s + run.length)) for s in starts])
+
+
+def plan_of(spec: AttentionSpec) -> Plan:
+    return spec.cached("segmented", lambda: build_plan(spec))
+
+
+def run_masks(spec: AttentionSpec, dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """Additive [m, 1, L, L] masks in `dtype` per run (None for plain runs), cached: sum(L_i^2) elements."""
+    plan = plan_of(spec)
+    return spec.cached(("segmented", dtype), lambda: [
+        None if run.plain else additive(run_allowed(spec, run), dtype) for run in plan.runs])
 
 
 def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
     return None
 
 
-def _split(x: torch.Tensor, g: Group) -> torch.Tensor:
-    """[B, h, S, hd] -> [B, m, h, L, hd] for the group's segments."""
-    b, h, _, d = x.shape
-    part = x.narrow(2, g.start, g.count * g.length) if g.index is None else x.index_select(2, g.index)
-    return part.view(b, h, g.count, g.length, d).transpose(1, 2)
+def _run_batch(x: torch.Tensor, run: Run) -> torch.Tensor:
+    """Token-major run [B, m * L, h, hd] -> [B * m, h, L, hd] (a view when B = 1)."""
+    b, _, h, d = x.shape
+    return x.reshape(b * run.count, run.length, h, d).transpose(1, 2)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
-    """q [B, nh, S, hd], k/v [B, nkv, S, hd] -> [B, nh, S, hd]."""
-    plan = spec.cached("segmented", lambda: build_plan(spec))
-    masks = spec.cached(("segmented", q.dtype), lambda: _group_masks(plan, spec, q.dtype))
+    """q [B, nh, S, hd], k/v [B, nkv, S, hd] -> [B, nh, S, hd] (token-major memory layout)."""
+    plan = plan_of(spec)
+    masks = run_masks(spec, q.dtype)
     gqa = k.shape[1] != q.shape[1]
     b, h, _, d = q.shape
+    sizes = [run.size for run in plan.runs] + ([plan.tail] if plan.tail else [])
+    q_runs, k_runs, v_runs = (x.transpose(1, 2).split(sizes, dim=1) for x in (q, k, v))
     pieces = []
-    for group, mask in zip(plan.groups, masks, strict=True):
-        out = F.scaled_dot_product_attention(_split(q, group), _split(k, group), _split(v, group),
-                                             attn_mask=mask, enable_gqa=gqa)  # [B, m, nh, L, hd]
-        pieces.append(out.transpose(1, 2).reshape(b, h, group.count * group.length, d))
+    for run, mask, qr, kr, vr in zip(plan.runs, masks, q_runs, k_runs, v_runs, strict=False):
+        if mask is not None and b > 1 and run.count > 1:
+            mask = mask.repeat(b, 1, 1, 1)
+        out = F.scaled_dot_product_attention(_run_batch(qr, run), _run_batch(kr, run), _run_batch(vr, run),
+                                             attn_mask=mask, enable_gqa=gqa)  # [B * m, nh, L, hd]
+        pieces.append(out.transpose(1, 2).reshape(b, run.size, h, d))
     if plan.tail:
-        pieces.append(q.new_zeros(b, h, plan.tail, d))
-    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
-    if plan.order is not None:
-        out = out.index_select(2, plan.order)
+        pieces.append(q.new_zeros(b, plan.tail, h, d))
+    out = (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)).transpose(1, 2)
     return fill_masked_rows(out, q, k, v, spec)
