@@ -47,7 +47,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_world(args: argparse.Namespace) -> int:
     from lumina.data.tokenizers.image_rvq import RVQSettings
-    from lumina.data.world.dataset import build_world
+    from lumina.data.world.dataset import build_world, round_trip_report
 
     rvq = RVQSettings(patch_size=args.patch_size, codebook_size=args.codebook_size,
                       num_codebooks=args.num_codebooks, seed=args.tokenizer_seed)
@@ -57,6 +57,9 @@ def cmd_world(args: argparse.Namespace) -> int:
     world.text_tokenizer.save(out / "tokenizer.json")
     world.image_tokenizer.save(out / "image_tokenizer.safetensors")
     print(f"wrote {len(world.dataset)} {args.split} samples to {len(shards)} shards in {out}")
+    report = round_trip_report(world.image_tokenizer, args.split)
+    print(f"image tokenizer round trip on {args.split} scenes: mse {report['mse']:.5f} "
+          f"(pixel variance {report['pixel_variance']:.3f}), checker pass rate {report['checker_pass_rate']:.3f}")
     return 0
 
 

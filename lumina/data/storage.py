@@ -290,6 +290,11 @@ class ParquetSampleDataset:
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cache_row_groups
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cache"] = OrderedDict()  # DataLoader workers start with an empty row-group cache
+        return state
+
     def __len__(self) -> int:
         return len(self._ids)
 

@@ -150,7 +150,8 @@ def test_cli_world_writes_shards_and_tokenizers(tmp_path, capsys):
     args = ["world", "--out", str(out), "--split", "test", "--num-samples", "20", "--codebook-size", "16",
             "--num-codebooks", "2", "--patch-size", "8", "--cache-dir", str(tmp_path / "cache")]
     assert cli_main(args) == 0
-    assert "wrote 20 test samples" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote 20 test samples" in printed and "checker pass rate" in printed
     ds = ParquetSampleDataset(out)
     assert len(ds) == 20 and ds.tokens.codebook_size == 16 and ds.tokens.num_codebooks == 2
     assert WordTokenizer.load(out / "tokenizer.json").vocab_size == ds.tokens.text_vocab_size

@@ -104,14 +104,19 @@ class RVQImageTokenizer:
 
     # ---- codes ----
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64."""
-        residual = self.patches(images)
+        """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64.
+
+        Each distinct patch is quantised once (scene images repeat few patches), then scattered back."""
+        patches = self.patches(images)
+        b, n, d = patches.shape
+        distinct, inverse = torch.unique(patches.reshape(-1, d), dim=0, return_inverse=True)
+        residual = distinct
         codes = []
         for book in self.codebooks:
-            index = torch.cdist(residual, book[None].expand(residual.shape[0], -1, -1)).argmin(-1)
+            index = torch.cdist(residual, book).argmin(-1)
             residual = residual - book[index]
             codes.append(index)
-        return torch.stack(codes, dim=-1)
+        return torch.stack(codes, dim=-1)[inverse].reshape(b, n, self.num_codebooks)
 
     def decode(self, codes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """codes [B, h * w, C] (or [h * w, C]) -> images [B, 3, h * P, w * P] (clamped to [-1, 1])."""

@@ -77,6 +77,21 @@ def cached_world_image_tokenizer(settings: RVQSettings = DEFAULT_RVQ,
     return tokenizer
 
 
+def round_trip_report(tokenizer: RVQImageTokenizer, split: str = "val") -> dict[str, float]:
+    """Reconstruction MSE (in [-1, 1] units) and checker pass rate of encode -> decode over every scene of
+    `split` at every jitter."""
+    from lumina.data.world.checker import check_image
+
+    shifts = range(-JITTER, JITTER + 1)
+    specs = [ObjectSpec(*c, dx=dx, dy=dy) for c in combinations_in(split) for dx in shifts for dy in shifts]
+    images = render_specs(specs)
+    side = IMAGE_SIZE // tokenizer.patch_size
+    recon = tokenizer.decode(tokenizer.encode(images), side, side)
+    passed = sum(check_image(r, s) == 1.0 for r, s in zip(recon, specs, strict=True))
+    return {"mse": float(((recon - images) ** 2).mean()), "pixel_variance": float(images.var()),
+            "checker_pass_rate": passed / len(specs)}
+
+
 def world_special_tokens(text_tokenizer: WordTokenizer, image_tokenizer: RVQImageTokenizer) -> SpecialTokens:
     return special_tokens_of(text_tokenizer, image_tokenizer.codebook_size, image_tokenizer.num_codebooks)
 

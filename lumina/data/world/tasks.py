@@ -11,6 +11,7 @@ Image-bearing items only use scene combinations of their split; text QA items ar
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -101,7 +102,8 @@ def _text_qa_split() -> dict[str, list[tuple[str, str]]]:
 TEXT_QA_BY_SPLIT = _text_qa_split()
 
 
-def edit_pairs(split: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+@functools.cache
+def edit_pairs(split: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
     """(source, target) combinations of `split` that differ in exactly one attribute."""
     combos = combinations_in(split)
     inside = set(combos)
@@ -112,7 +114,7 @@ def edit_pairs(split: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
                 tgt = src[:slot] + (value,) + src[slot + 1:]
                 if value != src[slot] and tgt in inside:
                     pairs.append((src, tgt))
-    return pairs
+    return tuple(pairs)
 
 
 def task_counts(num_items: int, mix: dict[str, float]) -> dict[str, int]:
