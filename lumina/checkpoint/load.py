@@ -100,8 +100,8 @@ def _place(slot: _Slot, value: torch.Tensor, expert: int | None, shape: tuple[in
     current = slot.tensor
     if current.is_meta:
         wanted = export_dtype(slot.key, value.dtype, out_dtype)
-        if expert is None:
-            slot.assign(value.to(device=device, dtype=wanted))
+        if expert is None:  # copy=True: safetensors returns tensors backed by the file's memory map
+            slot.assign(value.to(device=device, dtype=wanted, copy=True))
             return
         slot.assign(torch.empty(shape, dtype=wanted, device=device))
         current = slot.tensor
