@@ -5,6 +5,7 @@
     mix = plan.epoch(3)          # EpochMix: items [(source, index)], counts, realised proportions
     mix.proportions              # e.g. {"world": 0.2987, "web": 0.7013}: log these
     plan.lengths(mix)            # [n, 4] stored laid-out lengths of the drawn items (no payload decoding)
+    plan.flat_indices(mix)       # the same items as indices into `ConcatSampleDataset(plan.sources)`
 
 Each slot's source is an independent categorical draw with the normalised weights (so realised shares
 fluctuate around the weights with binomial noise, std sqrt(p (1 - p) / n)); within a source, indices are
@@ -23,7 +24,8 @@ import numpy as np
 import torch
 
 from lumina.data.schema import Sample
-from lumina.data.storage import SampleDataset
+from lumina.data.special_tokens import SpecialTokens
+from lumina.data.storage import SampleDataset, settings_mismatch
 
 
 def _seed(*parts: object) -> int:
@@ -99,3 +101,48 @@ class MixturePlan:
         if not mix.items:
             return np.zeros((0, 4), dtype=np.int64)
         return np.stack([table[name][index] for name, index in mix.items]).astype(np.int64)
+
+    def flat_indices(self, mix: EpochMix) -> np.ndarray:
+        """[len(mix.items)] int64 indices of the items in `ConcatSampleDataset(self.sources)` (sources in order)."""
+        offsets = dict(zip(self.names, np.cumsum([0] + [len(self.sources[n]) for n in self.names[:-1]]), strict=True))
+        return np.array([offsets[name] + index for name, index in mix.items], dtype=np.int64)
+
+
+class ConcatSampleDataset:
+    """Several `SampleDataset`s as one (in the given order); they must share the same SpecialTokens."""
+
+    def __init__(self, sources: Mapping[str, SampleDataset]):
+        if not sources:
+            raise ValueError("sources is empty")
+        self.names = list(sources)
+        self.sources = dict(sources)
+        first = self.names[0]
+        self.tokens: SpecialTokens = self.sources[first].tokens
+        for name in self.names[1:]:
+            diff = settings_mismatch(self.sources[name].tokens, self.tokens)
+            if diff:
+                raise ValueError(f"sources[{name!r}] has other special-token settings than sources[{first!r}]: "
+                                 + "; ".join(diff))
+        self._starts = np.cumsum([0] + [len(self.sources[n]) for n in self.names])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """Global index -> (source name, index in that source)."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index={index} out of range for a dataset of {len(self)} samples")
+        index %= len(self)
+        k = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return self.names[k], index - int(self._starts[k])
+
+    def __getitem__(self, index: int) -> Sample:
+        name, i = self.locate(index)
+        return self.sources[name][i]
+
+    def laid_out_lengths(self) -> np.ndarray:
+        return np.concatenate([np.asarray(self.sources[n].laid_out_lengths(), dtype=np.int64).reshape(-1, 4)
+                               for n in self.names])
+
+    def sample_ids(self) -> list[str]:
+        return [sid for n in self.names for sid in self.sources[n].sample_ids()]

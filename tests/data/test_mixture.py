@@ -94,3 +94,31 @@ def test_bad_configs_raise(weights, spe, pattern):
 def test_empty_source_with_weight_raises():
     with pytest.raises(ValueError, match=r"sources\['e'\] is empty"):
         MixturePlan({"a": Sized(3), "e": Sized(0)}, {"a": 1.0, "e": 1.0}, seed=0, samples_per_epoch=10)
+
+
+def test_flat_indices_address_the_concatenation(tokens):
+    from sample_helpers import mixed_samples
+
+    from lumina.data.mixture import ConcatSampleDataset
+    from lumina.data.schema import Sample
+    from lumina.data.storage import InMemorySampleDataset
+
+    def length(sample: Sample, drop_text: bool, drop_image: bool) -> int:
+        return len(sample.id)
+
+    def renamed(prefix: str) -> list[Sample]:
+        return [Sample(f"{prefix}-{s.id}", s.turns, s.source) for s in mixed_samples()]
+
+    sources = {"x": InMemorySampleDataset(renamed("x"), tokens, length),
+               "yy": InMemorySampleDataset(renamed("yy")[:2], tokens, length)}
+    plan = MixturePlan(sources, {"x": 1.0, "yy": 1.0}, seed=0, samples_per_epoch=40)
+    mix = plan.epoch(0)
+    concat = ConcatSampleDataset(sources)
+    assert len(concat) == 5 and concat.sample_ids()[3:] == ["yy-und-0", "yy-t2i-0"]
+    assert concat.laid_out_lengths()[:, 0].tolist() == [7, 7, 8, 8, 8]
+    for (name, index), flat in zip(mix.items, plan.flat_indices(mix), strict=True):
+        assert concat.locate(int(flat)) == (name, index)
+        assert concat[int(flat)].id == sources[name][index].id
+    with pytest.raises(ValueError, match="codebook_size: found 64, expected 4096"):
+        ConcatSampleDataset({"a": sources["x"], "b": InMemorySampleDataset(
+            mixed_samples(c=8, high=64), tokens.replace(codebook_size=64), length)})

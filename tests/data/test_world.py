@@ -76,6 +76,10 @@ def test_items_are_deterministic_and_seeded():
     assert task_counts(7, {"t2i": 2.0, "edit": 1.0}) == {"t2i": 5, "edit": 2}  # 4.67 / 2.33 -> largest remainder
     only = make_items("val", 30, seed=0, mix={"edit": 1.0})
     assert {i.task for i in only} == {"edit"}
+    with pytest.raises(ValueError, match="num_items=-1"):
+        make_items("train", -1)
+    with pytest.raises(ValueError, match="split='dev'"):
+        make_items("dev", 10)
     with pytest.raises(ValueError, match="unknown tasks"):
         make_items("train", 10, mix={"poetry": 1.0})
 

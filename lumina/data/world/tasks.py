@@ -137,6 +137,8 @@ def make_items(split: str, num_items: int, seed: int = 0, mix: dict[str, float] 
     """`num_items` task records of `split`, deterministic in (split, num_items, seed, mix)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}: expected one of {SPLITS}")
+    if not isinstance(num_items, int) or isinstance(num_items, bool) or num_items < 0:
+        raise ValueError(f"num_items={num_items!r}: must be an integer >= 0")
     counts = task_counts(num_items, DEFAULT_TASK_MIX if mix is None else mix)
     rng = random.Random(f"lumina-world/{split}/{seed}")
     pairs = edit_pairs(split) if counts.get("edit") else []
