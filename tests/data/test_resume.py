@@ -54,14 +54,21 @@ class Recorder(L.LightningModule):
         self.seen.append([self.current_epoch, samples, digest(batch)])
         return (self.w * batch.token_valid.float().mean()).sum()
 
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self.log("val_tokens", batch.token_valid.float().sum(), batch_size=1)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def run_phase(world: int, out: Path, name: str, max_epochs: int, max_steps: int = -1, every: int | None = None,
-              every_epoch: bool = False, resume: str | None = None, workers: int = 0) -> dict:
-    """One `Trainer.fit`; returns {"batches": this rank's records, "state": datamodule state at the end}."""
-    dm = LuminaDataModule(DataConfig(seq_len=SEQ_LEN, num_workers=workers, num_codebooks=2), make_source())
+              every_epoch: bool = False, resume: str | None = None, workers: int = 0,
+              val_every: int | None = None) -> dict:
+    """One `Trainer.fit`; returns {"batches": this rank's records, "state": datamodule state at the end}.
+    val_every: validate every that many steps (on a held-out source); checkpoints then save at validation end."""
+    val_source = SyntheticSource(BASE[:6], num_codebooks=2) if val_every else None
+    dm = LuminaDataModule(DataConfig(seq_len=SEQ_LEN, num_workers=workers, num_codebooks=2), make_source(),
+                          val_source)
     model = Recorder()
     callbacks = []
     if every or every_epoch:
@@ -71,7 +78,8 @@ def run_phase(world: int, out: Path, name: str, max_epochs: int, max_steps: int 
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy="ddp" if world > 1 else "auto", num_nodes=1,
                         max_epochs=max_epochs, max_steps=max_steps, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, use_distributed_sampler=False, callbacks=callbacks,
-                        enable_checkpointing=bool(callbacks), num_sanity_val_steps=0)
+                        enable_checkpointing=bool(callbacks), num_sanity_val_steps=0,
+                        val_check_interval=val_every, check_val_every_n_epoch=None if val_every else 1)
     trainer.fit(model, datamodule=dm, ckpt_path=resume)
     return {"batches": model.seen, "state": dm.state_dict()["schedule"], "rank": trainer.global_rank}
 
@@ -123,17 +131,19 @@ def samples_of(records: list[dict], epoch: int, first: int | None = None) -> lis
 # ---------------------------------------------------------------- one process
 
 
-@pytest.mark.parametrize(("every", "every_epoch", "max_steps", "workers"),
-                         [(4, False, 6, 0), (None, True, 13, 2)])
+@pytest.mark.parametrize(("every", "every_epoch", "max_steps", "workers", "val_every"),
+                         [(4, False, 6, 0, None), (None, True, 13, 2, None), (None, True, 6, 0, 4)])
 def test_resume_single_process(tmp_path: Path, every: int | None, every_epoch: bool, max_steps: int,
-                               workers: int) -> None:
-    """Mid-epoch (step end, loop prefetch ahead) and epoch-end checkpoints resume to the same batches."""
-    full = run_phase(1, tmp_path, "full", max_epochs=3)["batches"]
+                               workers: int, val_every: int | None) -> None:
+    """Checkpoints at a step end (the loop and workers prefetch ahead), at an epoch end and at a mid-epoch
+    validation end all resume to exactly the batches of the uninterrupted run."""
+    full = run_phase(1, tmp_path, "full", max_epochs=3, val_every=val_every)["batches"]
     run_phase(1, tmp_path, "part", max_epochs=3, max_steps=max_steps, every=every, every_epoch=every_epoch,
-              workers=workers)
+              workers=workers, val_every=val_every)
     ckpt = sorted((tmp_path / "part").glob("*.ckpt"))[0]
     k = torch.load(ckpt, weights_only=False)["global_step"]
-    rest = run_phase(1, tmp_path, "rest", max_epochs=3, resume=str(ckpt), workers=workers)["batches"]
+    rest = run_phase(1, tmp_path, "rest", max_epochs=3, resume=str(ckpt), workers=workers,
+                     val_every=val_every)["batches"]
     assert 0 < k < len(full)
     assert rest == full[k:]
     for epoch in range(3):  # every sample exactly once per epoch
