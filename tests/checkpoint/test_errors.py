@@ -167,3 +167,20 @@ def test_requested_dtype_clashing_with_materialised_model(fp32_model: LuminaMode
     save_pretrained(fp32_model, tmp_path)
     with pytest.raises(ValueError, match=r"lm_head\.weight \(torch\.float32, wanted torch\.bfloat16\)"):
         load_hf_state_dict_into(seeded_model(fp32_model.config), tmp_path, dtype="bf16")
+
+
+def test_key_stored_in_two_shards(fp32_model: LuminaModel, tmp_path: Path) -> None:
+    directory = rewritten(fp32_model, tmp_path, lambda t: None)
+    tensors = read_dir(directory)
+    (directory / "model.safetensors").unlink()
+    first = {k: v for i, (k, v) in enumerate(sorted(tensors.items())) if i % 2 == 0}
+    second = {k: v for k, v in tensors.items() if k not in first}
+    second["model.norm.weight"] = tensors["model.norm.weight"].clone()  # also in the first
+    first["model.norm.weight"] = tensors["model.norm.weight"]
+    save_file(first, directory / "model-00001-of-00002.safetensors")
+    save_file(second, directory / "model-00002-of-00002.safetensors")
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in first}
+    weight_map.update({k: "model-00002-of-00002.safetensors" for k in second if k not in first})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ValueError, match=r"'model\.norm\.weight' is stored twice"):
+        load_pretrained(directory)

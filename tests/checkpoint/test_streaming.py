@@ -8,7 +8,7 @@ import pytest
 import torch
 from checkpoint_helpers import assert_bit_equal, seeded_model, small_batch
 
-from lumina.checkpoint import load_hf_state_dict_into, materialise_leftovers, save_pretrained
+from lumina.checkpoint import load_hf_state_dict_into, load_pretrained, materialise_leftovers, save_pretrained
 from lumina.model import LuminaModel
 
 
@@ -71,3 +71,26 @@ def test_materialise_refuses_module_with_loaded_state(fp32_model: LuminaModel, t
     norm.register_buffer("scratch", torch.empty(3, device="meta"), persistent=False)
     with pytest.raises(RuntimeError, match=r"model\.norm\.scratch"):
         materialise_leftovers(model)
+
+
+def test_loaded_tensors_do_not_alias_the_files(fp32_model: LuminaModel, tmp_path: Path) -> None:
+    """Overwriting the checkpoint files in place after loading must not change the model (safetensors hands
+    out tensors backed by a private memory map of the file; the loader copies them)."""
+    save_pretrained(fp32_model, tmp_path, layout="fused")
+    model = load_pretrained(tmp_path)
+    for path in tmp_path.glob("*.safetensors"):
+        size = path.stat().st_size
+        with path.open("r+b") as handle:
+            handle.seek(size // 2)
+            handle.write(b"\x00" * (size - size // 2))
+    assert_bit_equal(model.state_dict(), fp32_model.state_dict())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ["split", "fused"])
+def test_load_onto_cuda(bf16_model: LuminaModel, tmp_path: Path, layout: str) -> None:
+    save_pretrained(bf16_model, tmp_path, layout=layout, max_shard_size="500KB")
+    model = load_pretrained(tmp_path, device="cuda")
+    assert all(t.device.type == "cuda" for t in list(model.parameters()) + list(model.buffers()))
+    assert_bit_equal(model.state_dict(), bf16_model.state_dict())
