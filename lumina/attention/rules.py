@@ -93,22 +93,22 @@ def allowed_mask(
 
     allowed = same segment & valid(q) & valid(k) & (rules, when turn_ids or is_clean is given; a missing one
     is all zeros). The full rules apply when block_ids has any value >= 0, else the simple rules. A missing
-    type_ids is all 1 (the official default). Positions at or after cu_seqlens[-1] are tail padding: they must
-    have token_valid false and attend nothing. O(S^2) memory: for tests and the dense backend only.
+    type_ids is all 1 (the official default). Positions at or after cu_seqlens[-1] are tail padding: they
+    belong to no segment and count as invalid, so they attend nothing and nothing attends them (`build_spec`
+    refuses a pack whose tail has token_valid true). O(S^2) memory: for tests and reference use.
     """
     token_valid = _as_flag("token_valid", token_valid.unsqueeze(0) if token_valid.dim() == 1 else token_valid)
     if token_valid.dim() != 2:
         raise ValueError(f"token_valid has shape {list(token_valid.shape)}; expected [S] or [B, S]")
     batch, seq_len = token_valid.shape
+    cu_seqlens = torch.as_tensor(cu_seqlens)
     bounds = resolve_seg_bounds(cu_seqlens, seq_len)
     if bounds is None:
         raise ValueError(f"cu_seqlens must hold at least 2 entries, got {cu_seqlens.tolist()}")
-    tail_valid = token_valid[:, bounds[-1]:]
-    if tail_valid.any():
-        where = (tail_valid.nonzero()[:, 1] + bounds[-1])[:6].tolist()
-        raise ValueError(f"token_valid is true at tail positions {where} after cu_seqlens[-1]={bounds[-1]}")
     seg = segment_ids(cu_seqlens.to(token_valid.device), seq_len)
-    allowed = (seg[:, None] == seg[None, :]).unsqueeze(0) & token_valid[:, :, None] & token_valid[:, None, :]
+    packed = torch.arange(seq_len, device=token_valid.device) < bounds[-1]  # tail: in no segment, invalid
+    valid = token_valid & packed
+    allowed = (seg[:, None] == seg[None, :]).unsqueeze(0) & valid[:, :, None] & valid[:, None, :]
     if turn_ids is None and is_clean is None:
         return allowed
     zeros = torch.zeros(1, seq_len, dtype=torch.long, device=token_valid.device)

@@ -16,9 +16,11 @@ import torch
 
 from lumina.attention.bounds import check_bounds, resolve_seg_bounds
 from lumina.attention.rules import rules_allow, segment_ids
+from lumina.attention.runs import Run, group_runs, plain_flags
 from lumina.data.batch import PackedBatch
 
 BACKENDS = ("sdpa_dense", "segmented", "flex", "flash_varlen")
+PLAN_BACKENDS = ("segmented", "flex", "flash_varlen")  # segmented serves them or is their fallback
 STRICT_ENV = "LUMINA_ATTN_STRICT"
 ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 
@@ -29,7 +31,9 @@ class AttentionSpec:
 
     bounds: segment bounds (cu_seqlens on the host); positions >= bounds[-1] are tail padding.
     seg_id: segment index per position (tail = number of segments). full_rules: rules R1-R8, else S1-S3.
-    has_invalid: some position has token_valid false (such rows attend nothing).
+    num_invalid: positions with token_valid false (such rows attend nothing).
+    runs: adjacent equal-length segments grouped; run_plain: per run, whether the rule allows every pair
+    inside it (computed in build_spec for the backends that use it, else None).
     """
 
     backend: str
@@ -42,12 +46,18 @@ class AttentionSpec:
     block_ids: torch.Tensor
     is_clean: torch.Tensor
     full_rules: bool
-    has_invalid: bool
+    num_invalid: int
+    runs: tuple[Run, ...] = ()
+    run_plain: tuple[bool, ...] | None = None
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
     def seq_len(self) -> int:
         return self.valid.shape[1]
+
+    @property
+    def has_invalid(self) -> bool:
+        return self.num_invalid > 0
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -119,20 +129,7 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
     device = batch.token_valid.device
     expected = torch.tensor(bounds, dtype=cu.dtype, device=cu.device)
     end = bounds[-1]
-    # One host read for every data-dependent check.
-    cu_mismatch, tail_valid, any_block, any_invalid = torch.stack([
-        (cu != expected).any(),
-        batch.token_valid[:, end:].any(),
-        (batch.block_ids >= 0).any(),
-        (~batch.token_valid).any(),
-    ]).tolist()
-    if cu_mismatch:
-        raise ValueError(f"seg_bounds {list(bounds)} disagree with cu_seqlens {cu.tolist()}")
-    if tail_valid:
-        where = (batch.token_valid[0, end:].nonzero()[:, 0] + end)[:6].tolist()
-        raise ValueError(f"token_valid is true at tail positions {where} after cu_seqlens[-1]={end}; "
-                         "tail padding must be invalid")
-    return AttentionSpec(
+    spec = AttentionSpec(
         backend=backend,
         strict=strict,
         bounds=bounds,
@@ -142,6 +139,25 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
         turn_ids=batch.turn_ids,
         block_ids=batch.block_ids,
         is_clean=batch.is_clean,
-        full_rules=bool(any_block),
-        has_invalid=bool(any_invalid),
+        full_rules=False,
+        num_invalid=0,
+        runs=group_runs(bounds),
     )
+    # One host read for the checks and the rule set; a second (plan backends) for which runs are plain.
+    facts = torch.stack([
+        (cu != expected).any().long().to(device),
+        batch.token_valid[:, end:].any().long(),
+        (batch.block_ids >= 0).any().long(),
+        (~batch.token_valid).sum(),
+    ])
+    cu_mismatch, tail_valid, any_block, num_invalid = facts.tolist()
+    if cu_mismatch:
+        raise ValueError(f"seg_bounds {list(bounds)} disagree with cu_seqlens {cu.tolist()}")
+    if tail_valid:
+        where = (batch.token_valid[0, end:].nonzero()[:, 0] + end)[:6].tolist()
+        raise ValueError(f"token_valid is true at tail positions {where} after cu_seqlens[-1]={end}; "
+                         "tail padding must be invalid")
+    spec.full_rules, spec.num_invalid = bool(any_block), int(num_invalid)
+    if backend in PLAN_BACKENDS:  # no host read is left for the layers
+        spec.run_plain = tuple(bool(p) for p in plain_flags(spec).tolist())
+    return spec

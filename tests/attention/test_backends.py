@@ -125,3 +125,22 @@ def test_chunked_rule_evaluation_matches_allowed_mask(monkeypatch):
     monkeypatch.setattr(spec_module, "ALLOWED_CHUNK", 7 * batch.seq_len)  # 7 rows per chunk
     assert torch.equal(spec.allowed(whole, whole), expected)
     assert torch.equal(spec.allowed(slice(40, 63), slice(40, 63)), expected[:, 40:63, 40:63])
+
+
+@pytest.mark.parametrize("backend", ["sdpa_dense", "segmented"])
+def test_layers_do_no_host_reads(backend, monkeypatch):
+    """All host work happens in build_spec: attend (first layer included) never reads a tensor's values."""
+    batch = random_pack(9, [24, 24, 40, 16], tail=8)
+    spec = build_spec(batch, backend=backend)
+    tensors = qkv(batch.seq_len, torch.float32)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("host read inside attend")
+
+    for name in ("tolist", "item", "__bool__", "nonzero", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    monkeypatch.setattr(torch, "nonzero", host_read)
+    for _ in range(2):
+        out = attend(*tensors, spec)
+    monkeypatch.undo()
+    assert torch.isfinite(out).all()

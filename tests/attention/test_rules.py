@@ -138,8 +138,10 @@ def test_integer_flags_accepted_and_checked():
         allowed_mask(torch.tensor([1, 2, 0]), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="is_clean"):
         allowed_mask(valid, torch.tensor([0, 2]), is_clean=torch.tensor([0.0, 1.0, 0.0]))
-    with pytest.raises(ValueError, match="token_valid is true at tail"):
-        allowed_mask(torch.tensor([1, 1, 1]), torch.tensor([0, 2]))
+    # tail positions belong to no segment: invalid whatever token_valid says (build_spec refuses such packs)
+    tail = allowed_mask(torch.tensor([1, 1, 1, 1]), torch.tensor([0, 2]))[0]
+    assert tail.tolist() == [[True, True, False, False], [True, True, False, False], [False] * 4, [False] * 4]
+    assert allowed_mask(valid, [0, 2]).equal(allowed_mask(valid, torch.tensor([0, 2])))
 
 
 def naive_pair(meta: dict[str, list], q: int, k: int, full: bool) -> bool:

@@ -39,8 +39,10 @@ def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def invalid_rows(spec: AttentionSpec) -> torch.Tensor:
-    """[N] int64 positions with token_valid false (batch row 0; the spec is one pack), cached."""
-    return spec.cached("invalid_rows", lambda: (~spec.valid[0]).nonzero()[:, 0])
+    """[N] int64 positions with token_valid false (the spec is one pack), cached; N is known on the host, so
+    this does not sync."""
+    return spec.cached("invalid_rows",
+                       lambda: torch.nonzero_static(~spec.valid[0], size=spec.num_invalid)[:, 0])
 
 
 def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

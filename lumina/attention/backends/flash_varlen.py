@@ -9,17 +9,13 @@ from __future__ import annotations
 import torch
 
 from lumina.attention.backends.common import fill_masked_rows
-from lumina.attention.backends.segmented import plan_of
+from lumina.attention.backends.segmented import run_plain
 from lumina.attention.spec import AttentionSpec
 
 try:
     from flash_attn import flash_attn_varlen_func
 except ImportError:
     flash_attn_varlen_func = None
-
-
-def _plain(spec: AttentionSpec) -> bool:
-    return all(run.plain for run in plan_of(spec).runs)
 
 
 def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
@@ -31,7 +27,7 @@ def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
         return f"flash-attn needs fp16/bf16, got {q.dtype}"
     if q.shape[0] != 1:
         return f"one pack per call (B = 1), got B={q.shape[0]}"
-    if not spec.cached("flash_varlen_plain", lambda: _plain(spec)):
+    if not all(run_plain(spec)):
         return "some segment is not plain bidirectional (turn/clean/block rules or invalid tokens inside it)"
     return None
 

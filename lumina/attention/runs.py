@@ -1,0 +1,47 @@
+"""Runs of adjacent equal-length segments: the unit of one batched SDPA call in the segmented backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from lumina.attention.spec import AttentionSpec
+
+
+@dataclass(frozen=True)
+class Run:
+    """`count` adjacent segments of `length` tokens from position `start`."""
+
+    start: int
+    length: int
+    count: int
+
+    @property
+    def size(self) -> int:
+        return self.length * self.count
+
+
+def group_runs(bounds: tuple[int, ...]) -> tuple[Run, ...]:
+    """Host bounds -> runs, in position order (host only, no device work)."""
+    runs: list[Run] = []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        length = end - start
+        if runs and runs[-1].length == length:
+            runs[-1] = Run(runs[-1].start, length, runs[-1].count + 1)
+        else:
+            runs.append(Run(start, length, 1))
+    return tuple(runs)
+
+
+def run_allowed(spec: AttentionSpec, run: Run) -> torch.Tensor:
+    """[m, 1, L, L] bool rule slices of the run's m segments."""
+    starts = range(run.start, run.start + run.size, run.length)
+    return torch.stack([spec.allowed(slice(s, s + run.length), slice(s, s + run.length)) for s in starts])
+
+
+def plain_flags(spec: AttentionSpec) -> torch.Tensor:
+    """[n_runs] bool on device: the rule allows every pair inside every segment of the run."""
+    return torch.stack([run_allowed(spec, run).all() for run in spec.runs])
