@@ -98,9 +98,6 @@ class PackedDataset(Dataset):
             sequences.append(seq)
         return collate_pack(sequences, self.seq_len, self.pad_id, self.num_codebooks)
 
-    def __len__(self) -> int:
-        return len(self.source)
-
 
 def keys_for(plan: EpochPlan, packs: Sequence[int | None]) -> list[PackKey]:
     """Pack indices of an epoch plan (None = padding) -> PackKeys."""

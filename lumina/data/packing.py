@@ -140,8 +140,9 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
                  num_codebooks: int) -> PackedBatch:
     """Concatenate the sequences of one pack and pad the tail to `seq_len` -> PackedBatch [1, seq_len, (C)].
 
-    Segments are the sequences in order: cu_seqlens = [0, L0, L0+L1, ..., total] (the padding tail is not a
-    segment; an all-padding pack has cu_seqlens = [0]). Tail rows: input_ids = pad_id in all C columns,
+    Segments are the sequences in order: cu_seqlens = [0, L0, L0+L1, ..., total]; the padding tail is not a
+    segment. An all-padding pack (no sequences) is one segment of padding, cu_seqlens = [0, seq_len], since
+    attention needs at least one segment; every row of it has token_valid false and labels -100. Tail rows: input_ids = pad_id in all C columns,
     labels -100, type 0, turn 0, block -1, position 0, is_clean / token_valid / answer_mask false, noise_t 0.
     """
     total = sum(len(s) for s in sequences)
@@ -161,6 +162,8 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
     bounds = [0]
     for s in sequences:
         bounds.append(bounds[-1] + len(s))
+    if not sequences:
+        bounds.append(seq_len)
     token_valid = torch.zeros(seq_len, dtype=torch.bool)
     token_valid[:total] = True
     return PackedBatch(

@@ -119,6 +119,7 @@ class PackSchedule:
         self.steps = 0  # steps consumed since start_cursor
         self._plan: EpochPlan | None = None
         self._pending: dict | None = None  # a loaded state not yet applied
+        self.padding_packs = 0  # all-padding packs (all ranks) in the deal of the epoch in progress
 
     def set_rank(self, rank: int, world_size: int) -> None:
         _check_world(rank, world_size)
@@ -129,9 +130,12 @@ class PackSchedule:
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = plan_epoch(self.lengths_fn(epoch), self.seq_len, self.seed, epoch, self.overlong,
                                     self.sample_id)
-            if self._plan.skipped:
-                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch,
-                            len(self._plan.skipped), self.seq_len)
+            plan = self._plan
+            log.info("epoch %d: %d samples -> %d packs of %d tokens, fill ratio %.4f", epoch, len(plan.lengths),
+                     plan.num_packs, self.seq_len, plan.fill_ratio)
+            if plan.skipped:
+                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch, len(plan.skipped),
+                            self.seq_len)
         return self._plan
 
     @property
@@ -154,7 +158,7 @@ class PackSchedule:
             self.start_cursor, self.steps = self.cursor, 0
         self._pending = None
         plan = self.plan()
-        pad = padding_packs(plan.num_packs, self.start_cursor, self.world_size)
+        pad = self.padding_packs = padding_packs(plan.num_packs, self.start_cursor, self.world_size)
         if pad:
             log.info("epoch %d: %d packs over %d ranks from cursor %d -> %d all-padding packs", epoch,
                      plan.num_packs - self.start_cursor, self.world_size, self.start_cursor, pad)

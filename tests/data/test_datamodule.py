@@ -37,16 +37,33 @@ def test_train_loader_workers_match_and_cover_epoch() -> None:
         pooled.sampler.set_epoch(epoch)
         a, b = list(plain.train_dataloader()), batches_of(pooled.train_dataloader())
         assert batches_of(a) == b
-        samples = sorted(int(x.input_ids[0, s, 0]) for x in a for s in x.seg_bounds[:-1])
+        samples = sorted(int(x.input_ids[0, s, 0]) for x in a for s in x.seg_bounds[:-1] if x.token_valid[0, s])
         assert samples == list(range(len(BASE)))
         assert all(int(x.input_ids[0, 0, 1]) == epoch for x in a)  # the sequences of that epoch
+
+
+def test_rank_short_of_packs_gets_all_padding_pack(caplog: pytest.LogCaptureFixture) -> None:
+    num_packs = make_dm(0).schedule.plan(0).num_packs
+    world = num_packs + 1  # one step each; the last rank has no pack left
+    dms = [make_dm(0) for _ in range(world)]
+    with caplog.at_level(logging.INFO, logger="lumina.data.plan"):
+        loaded = []
+        for r, dm in enumerate(dms):
+            dm.schedule.set_rank(r, world)
+            loaded.append(list(dm.train_dataloader()))
+    assert [len(batches) for batches in loaded] == [1] * world
+    pad = loaded[-1][0]
+    assert pad.cu_seqlens.tolist() == [0, 16] and not pad.token_valid.any()
+    assert (pad.labels == -100).all() and (pad.input_ids == 156892).all()
+    assert all(b[0].token_valid.any() for b in loaded[:-1])
+    assert "-> 1 all-padding packs" in caplog.text
 
 
 def test_overlong_skip_in_datamodule(caplog: pytest.LogCaptureFixture) -> None:
     dm = make_dm(0, base=[5, 30, 7, 40, 3], overlong="skip")
     with caplog.at_level(logging.WARNING, logger="lumina.data.plan"):
         batches = list(dm.train_dataloader())
-    assert sorted(int(x.input_ids[0, s, 0]) for x in batches for s in x.seg_bounds[:-1]) == [0, 2, 4]
+    assert sorted(int(x.input_ids[0, s, 0]) for x in batches for s in x.seg_bounds[:-1] if x.token_valid[0, s]) == [0, 2, 4]
     assert "skipped 2 samples longer than seq_len=16" in caplog.text
     with pytest.raises(ValueError, match=r"sample syn-1 \(index 1\) has laid-out length (27|30) > seq_len=16"):
         list(make_dm(0, base=[5, 30, 7]).train_dataloader())
@@ -59,7 +76,7 @@ def test_val_loader_fixed_and_dealt() -> None:
     first = [batches_of(dm.val_dataloader()) for dm in dms]
     assert first == [batches_of(dm.val_dataloader()) for dm in dms]  # the same every time
     assert len(first[0]) == len(first[1])
-    seen = [int(x.input_ids[0, s, 0]) for dm in dms for x in dm.val_dataloader() for s in x.seg_bounds[:-1]]
+    seen = [int(x.input_ids[0, s, 0]) for dm in dms for x in dm.val_dataloader() for s in x.seg_bounds[:-1] if x.token_valid[0, s]]
     assert sorted(seen) == list(range(7))
 
 

@@ -121,7 +121,7 @@ def test_collate_concatenates_and_pads() -> None:
 
 def test_all_padding_pack() -> None:
     batch = collate_pack([], 4, PAD, 8)
-    assert batch.cu_seqlens.tolist() == [0]
+    assert batch.cu_seqlens.tolist() == [0, 4] and batch.seg_bounds == (0, 4)  # one segment, all padding
     assert batch.input_ids.shape == (1, 4, 8)
     assert (batch.input_ids == PAD).all() and (batch.labels == -100).all()
     assert not batch.token_valid.any() and not batch.is_clean.any()

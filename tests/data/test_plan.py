@@ -57,7 +57,7 @@ def test_ranks_partition_the_epoch_with_equal_steps(caplog: pytest.LogCaptureFix
     real = [p for d in dealt for p in d if p is not None]
     assert sorted(real) == list(range(num_packs))
     pads = sum(p is None for d in dealt for p in d)
-    assert pads == (-num_packs) % world
+    assert pads == (-num_packs) % world == scheds[0].padding_packs
     if pads:
         assert f"-> {pads} all-padding packs" in caplog.text
     keys = keys_for(scheds[0].plan(), dealt[-1])

@@ -48,8 +48,9 @@ class Recorder(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         ids, bounds = batch.input_ids[0], batch.seg_bounds
-        samples = [int(ids[b, 0]) for b in bounds[:-1]]
-        epochs = {int(ids[b, 1]) for b in bounds[:-1]}
+        starts = [b for b in bounds[:-1] if batch.token_valid[0, b]]  # an all-padding pack has none
+        samples = [int(ids[b, 0]) for b in starts]
+        epochs = {int(ids[b, 1]) for b in starts}
         assert epochs <= {self.current_epoch}, (epochs, self.current_epoch)
         self.seen.append([self.current_epoch, samples, digest(batch)])
         return (self.w * batch.token_valid.float().mean()).sum()
@@ -177,6 +178,9 @@ def test_two_ranks_resume_identical(runs: Path) -> None:
     assert full[0]["state"] == resumed[0]["state"]
     for epoch in range(2):
         assert sorted(samples_of(full, epoch)) == list(range(len(BASE)))
+    # epoch 0 plans 10 packs, epoch 1 plans 9: one rank trains an all-padding pack at the end of epoch 1
+    padding = [[e for e, samples, _ in rec["batches"] if not samples] for rec in full]
+    assert sorted(padding[0] + padding[1]) == [1]
 
 
 def test_two_to_one_redeals_remaining(runs: Path) -> None:
