@@ -46,21 +46,21 @@ class _Slot:
 
 
 def load_hf_state_dict_into(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None,
-                            device: torch.device | str = "cpu") -> nn.Module:
+                            device: torch.device | str | None = None) -> nn.Module:
     """Load checkpoint directory `path` into `model` (meta-initialised or materialised); returns `model`.
 
     Keys and shapes are checked against `model.state_dict()` first; every missing, unexpected, mis-shaped or
     conflicting key is reported in one CheckpointMismatchError. Meta tensors become checkpoint tensors on
-    `device` (parameters cast to `dtype` when given; buffers keep expert_bias fp32 / channel_mask bf16).
-    Materialised tensors are filled in place; `dtype` must then agree with them. Non-persistent buffers are
-    not in the checkpoint and are left as they are."""
+    `device` (default cpu; parameters cast to `dtype` when given; buffers keep expert_bias fp32 / channel_mask
+    bf16). Materialised tensors are filled in place; a given `dtype` / `device` must then agree with them.
+    Non-persistent buffers are not in the checkpoint and are left as they are (see `materialise_leftovers`)."""
     out_dtype = resolve_dtype(dtype)
-    device = torch.device(device)
     checkpoint = HFCheckpoint(path)
     expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}
     sources = match_checkpoint(checkpoint.tensors, expected, where=str(path))
     slots = {key: _Slot(model, key) for key in expected}
-    _check_materialised(slots, sources, out_dtype)
+    _check_materialised(slots, sources, out_dtype, None if device is None else torch.device(device))
+    device = torch.device("cpu" if device is None else device)
 
     reads: dict[Path, list[tuple[str, str, int | None]]] = defaultdict(list)  # file -> (ckpt key, key, expert)
     for key, source in sources.items():
@@ -78,20 +78,25 @@ def load_hf_state_dict_into(model: nn.Module, path: str | Path, *, dtype: torch.
     return model
 
 
-def _check_materialised(slots: dict[str, _Slot], sources: dict[str, Any], out_dtype: torch.dtype | None) -> None:
-    if out_dtype is None:
-        return
+def _check_materialised(slots: dict[str, _Slot], sources: dict[str, Any], out_dtype: torch.dtype | None,
+                        device: torch.device | None) -> None:
+    """Refuse a requested dtype/device that tensors already holding data do not have (they are filled in place)."""
     clashes = []
     for key, slot in slots.items():
         current = slot.tensor
+        if current.is_meta:
+            continue
         source = sources[key]
         source_dtype = source.info.dtype if isinstance(source, Whole) else source.infos[0].dtype
         wanted = export_dtype(key, source_dtype, out_dtype)
-        if not current.is_meta and current.dtype != wanted:
+        if out_dtype is not None and current.dtype != wanted:
             clashes.append(f"{key} ({current.dtype}, wanted {wanted})")
+        if device is not None and (current.device.type != device.type
+                                   or device.index is not None and current.device.index != device.index):
+            clashes.append(f"{key} (on {current.device}, wanted {device})")
     if clashes:
-        raise ValueError(f"dtype={out_dtype} but these tensors already hold data in another dtype; cast the model "
-                         f"or build it on the meta device: {', '.join(clashes)}")
+        raise ValueError(f"dtype={out_dtype}, device={device} disagree with tensors that already hold data; move or "
+                         f"cast the model, or build it on the meta device: {', '.join(clashes)}")
 
 
 def _place(slot: _Slot, value: torch.Tensor, expert: int | None, shape: tuple[int, ...],

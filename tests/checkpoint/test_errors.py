@@ -184,3 +184,9 @@ def test_key_stored_in_two_shards(fp32_model: LuminaModel, tmp_path: Path) -> No
     (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(ValueError, match=r"'model\.norm\.weight' is stored twice"):
         load_pretrained(directory)
+
+
+def test_requested_device_clashing_with_materialised_model(fp32_model: LuminaModel, tmp_path: Path) -> None:
+    save_pretrained(fp32_model, tmp_path)
+    with pytest.raises(ValueError, match=r"lm_head\.weight \(on cpu, wanted cuda\)"):
+        load_hf_state_dict_into(seeded_model(fp32_model.config), tmp_path, device="cuda")
