@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -58,6 +59,10 @@ class EpochPlan:
 
     def fingerprint(self) -> str:
         """A short digest of the plan (pack contents and order) to check a resume sees the same plan."""
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> str:
         h = hashlib.blake2b(digest_size=8)
         h.update(f"{self.epoch}:{self.seq_len}:{len(self.lengths)}".encode())
         for p in range(self.num_packs):
