@@ -58,7 +58,7 @@ class Backbone(nn.Module):
             raise ValueError(f"extra_codes has shape {list(extra_codes.shape)}, expected [M, {n_codebooks}]")
         word_ids = flat_ids[text_rows, 0]
         image_codes = flat_ids[image_rows] if cols == n_codebooks else flat_ids.new_zeros(0, n_codebooks)
-        codes = torch.cat([image_codes, extra_codes.to(flat_ids.device)], dim=0)
+        codes = torch.cat([image_codes, extra_codes.to(flat_ids.device, torch.long)], dim=0)
         _check_range("input_ids (text rows, column 0)", word_ids, cfg.vocab_size,
                      "input_ids / extra_codes (image codes)", codes, cfg.image_vocab_size)
 

@@ -122,22 +122,25 @@ class LuminaModel(nn.Module):
         wrong_type = labelled & (types != TEXT_ANSWER) & (types != IMAGE_ANSWER)
         text_rows = ((types == TEXT_ANSWER) & (labels[:, 0] != IGNORE)).nonzero().squeeze(1)
         image_rows = ((types == IMAGE_ANSWER) & labelled).nonzero().squeeze(1)
-        if bool(wrong_type.any()):
-            raise ValueError(f"labels: rows {wrong_type.nonzero().squeeze(1)[:8].tolist()} carry labels but have "
-                             f"type_ids not in (3, 4); only text (3) and image (4) answers are supervised")
-        text_labels = labels[text_rows, 0]
-        if bool(((text_labels < 0) | (text_labels >= cfg.vocab_size)).any()):
-            raise ValueError(f"labels: text labels outside [0, {cfg.vocab_size}): {text_labels[:8].tolist()}")
         if image_rows.numel() and labels.shape[1] != n_codebooks:
             raise ValueError(f"labels has {labels.shape[1]} column(s) but type-4 rows are labelled; image labels "
                              f"need num_codebooks={n_codebooks} columns")
+        text_labels = labels[text_rows, 0]
         codes = labels[image_rows] if labels.shape[1] == n_codebooks else labels.new_zeros(0, n_codebooks)
-        if bool((codes < 0).any()):
+        bad_text = (text_labels < 0) | (text_labels >= cfg.vocab_size)
+        negative, too_big = codes < 0, codes >= cfg.codebook_size
+        flags = torch.stack([wrong_type.any(), bad_text.any(), negative.any(), too_big.any()]).tolist()  # one sync
+        if flags[0]:
+            raise ValueError(f"labels: rows {wrong_type.nonzero().squeeze(1)[:8].tolist()} carry labels but have "
+                             f"type_ids not in (3, 4); only text (3) and image (4) answers are supervised")
+        if flags[1]:
+            raise ValueError(f"labels: text labels outside [0, {cfg.vocab_size}): {text_labels[bad_text][:8].tolist()}")
+        if flags[2]:
             raise ValueError("labels: valid image labels must be non-negative (all codebooks of a supervised "
-                             f"type-4 row), got rows {image_rows[(codes < 0).any(1)][:8].tolist()}")
-        if bool((codes >= cfg.codebook_size).any()):
+                             f"type-4 row), got rows {image_rows[negative.any(1)][:8].tolist()}")
+        if flags[3]:
             raise ValueError(f"labels: image labels must be < codebook_size={cfg.codebook_size}, got "
-                             f"{codes[codes >= cfg.codebook_size][:8].tolist()}")
+                             f"{codes[too_big][:8].tolist()}")
         return text_rows, image_rows, codes
 
     def forward(self, batch: PackedBatch) -> LuminaOutput:
