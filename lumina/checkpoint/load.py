@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -20,6 +20,9 @@ from lumina.checkpoint.layout import Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint
 from lumina.checkpoint.save import resolve_dtype
 from lumina.checkpoint.writer import export_dtype
+
+if TYPE_CHECKING:
+    from lumina.model import LuminaModel
 
 
 class _Slot:
@@ -124,21 +127,22 @@ def materialise_leftovers(model: nn.Module, device: torch.device | str = "cpu") 
         if not on_meta:
             continue
         prefix = f"{name}." if name else ""
-        loaded_here = [n for n in own if f"{prefix}{n}" in persistent]
-        if loaded_here or not hasattr(module, "reset_parameters"):
-            raise RuntimeError(f"cannot materialise {[prefix + n for n in on_meta]}: module "
-                               f"{name or type(module).__name__} "
-                               + ("also owns loaded tensors " + str(loaded_here) if loaded_here
-                                  else "has no reset_parameters()"))
+        what = f"cannot materialise {[prefix + n for n in on_meta]}: module {name or type(module).__name__}"
+        loaded_here = [prefix + n for n in own if prefix + n in persistent]
+        if loaded_here:
+            raise RuntimeError(f"{what} also owns loaded tensors {loaded_here} that reset_parameters() would overwrite")
+        if not hasattr(module, "reset_parameters"):
+            raise RuntimeError(f"{what} has no reset_parameters()")
         module.to_empty(device=device, recurse=False)
         module.reset_parameters()
 
 
 def load_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu",
-                    **config_overrides: Any) -> nn.Module:
-    """Build `LuminaModel(LuminaConfig.from_hf(path/config.json, **config_overrides))` on the meta device and
-    stream the checkpoint into it. dtype None keeps the checkpoint's dtypes."""
-    from lumina.model import LuminaModel  # the model package imports lumina.checkpoint lazily, not at import
+                    **config_overrides: Any) -> LuminaModel:
+    """Build `LuminaModel(LuminaConfig.from_hf(path/config.json, **config_overrides))` on the meta device,
+    stream the checkpoint into it, then rebuild the non-persistent buffers. dtype None keeps the checkpoint's
+    dtypes; peak host memory stays near one copy of the weights plus one shard's page cache."""
+    from lumina.model import LuminaModel  # imported here so that lumina.model may import lumina.checkpoint
 
     config = HFCheckpoint(path).config(**config_overrides)
     with torch.device("meta"):
