@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, Sampler
 
 from lumina.data.batch import PackedBatch
 from lumina.data.layout import layout_eval, layout_sample
+from lumina.data.mixture import ConcatSampleDataset, EpochMix, MixturePlan
 from lumina.data.noise import NoiseConfig, cfg_dropout
 from lumina.data.packing import collate_pack
 from lumina.data.plan import EpochPlan, PackSchedule
@@ -35,6 +36,14 @@ class PackSource(Protocol):
     def sequence(self, index: int, epoch: int) -> TrainingSequence: ...
 
     def sample_id(self, index: int) -> str: ...
+
+
+def dropout_lengths(variants: np.ndarray, sample_ids: Sequence[str], noise: NoiseConfig, seed: int,
+                    epoch: int) -> list[int]:
+    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) -> each sample's length under the
+    CFG-dropout decision `cfg_dropout(seed, epoch, id)` that `layout_sample` will take."""
+    column = [int(dt) + 2 * int(di) for dt, di in (cfg_dropout(seed, epoch, sid, noise) for sid in sample_ids)]
+    return variants[np.arange(len(sample_ids)), column].tolist()
 
 
 class LayoutSource:
@@ -63,15 +72,48 @@ class LayoutSource:
     def lengths(self, epoch: int) -> list[int]:
         if self.eval_t is not None:
             return self._variants[:, 0].tolist()
-        column = [int(dt) + 2 * int(di) for dt, di in
-                  (cfg_dropout(self.seed, epoch, sid, self.noise) for sid in self._ids)]
-        return self._variants[np.arange(len(self._ids)), column].tolist()
+        return dropout_lengths(self._variants, self._ids, self.noise, self.seed, epoch)
 
     def sequence(self, index: int, epoch: int) -> TrainingSequence:
         sample = self.dataset[index]
         if self.eval_t is not None:
             return layout_eval(sample, self.dataset.tokens, self.noise, self.seed, self.eval_t)
         return layout_sample(sample, self.dataset.tokens, self.noise, self.seed, epoch)
+
+
+class MixtureSource:
+    """A `PackSource` over a weighted `MixturePlan`: in epoch e, slot j is the mixture's j-th drawn item
+    (source, index) of that epoch, laid out by `layout_sample` (seeded CFG dropout and noise per sample id).
+    The sources must share one SpecialTokens."""
+
+    def __init__(self, mixture: MixturePlan, noise: NoiseConfig, seed: int) -> None:
+        self.mixture, self.noise, self.seed = mixture, noise, seed
+        self.tokens = ConcatSampleDataset(mixture.sources).tokens  # checks the sources agree
+        self._ids = {name: list(mixture.sources[name].sample_ids()) for name in mixture.names}
+        self._mix: EpochMix | None = None
+
+    def mix(self, epoch: int) -> EpochMix:
+        """The mixture's draw for `epoch` (cached); `.proportions` are the realised shares to log."""
+        if self._mix is None or self._mix.epoch != epoch:
+            self._mix = self.mixture.epoch(epoch)
+        return self._mix
+
+    def __len__(self) -> int:
+        return self.mixture.samples_per_epoch
+
+    def sample_id(self, index: int) -> str:
+        """Id of slot `index` in the most recently drawn epoch."""
+        name, i = (self._mix or self.mix(0)).items[index]
+        return self._ids[name][i]
+
+    def lengths(self, epoch: int) -> list[int]:
+        mix = self.mix(epoch)
+        ids = [self._ids[name][i] for name, i in mix.items]
+        return dropout_lengths(self.mixture.lengths(mix), ids, self.noise, self.seed, epoch)
+
+    def sequence(self, index: int, epoch: int) -> TrainingSequence:
+        sample = self.mixture.sample(self.mix(epoch).items[index])
+        return layout_sample(sample, self.tokens, self.noise, self.seed, epoch)
 
 
 class PackKey(NamedTuple):

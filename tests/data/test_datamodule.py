@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.dataset import LayoutSource, SyntheticSource
+from lumina.data.dataset import LayoutSource, MixtureSource, SyntheticSource
 from lumina.data.layout import layout_eval, layout_sample
+from lumina.data.mixture import MixturePlan
 from lumina.data.noise import NoiseConfig
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
@@ -161,3 +162,23 @@ def test_layout_source_eval_fixed_noise() -> None:
         assert torch.equal(a.input_ids, want.input_ids) and torch.equal(b.input_ids, want.input_ids)
     with pytest.raises(ValueError, match="eval_t=2"):
         LayoutSource(dataset, noise, seed=3, eval_t=2)
+
+
+def test_mixture_source_lengths_match_layout() -> None:
+    tokens = SpecialTokens.official()
+    samples = real_samples(tokens)
+    a, b = InMemorySampleDataset(samples[:3], tokens), InMemorySampleDataset(samples[3:], tokens)
+    noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
+    mixture = MixturePlan({"a": a, "b": b}, {"a": 1.0, "b": 3.0}, seed=1, samples_per_epoch=10)
+    src = MixtureSource(mixture, noise, seed=3)
+    assert len(src) == 10
+    for epoch in range(3):
+        items = mixture.epoch(epoch).items
+        want = [len(layout_sample(mixture.sample(item), tokens, noise, 3, epoch)) for item in items]
+        assert src.lengths(epoch) == want
+        assert [src.sample_id(j) for j in range(10)] == [mixture.sample(item).id for item in items]
+        dm = LuminaDataModule(DataConfig(seq_len=256), src)
+        dm.sampler.set_epoch(epoch)
+        batches = list(dm.train_dataloader())
+        assert sum(int(x.token_valid.sum()) for x in batches) == sum(want)
+        assert sum(len(x.seg_bounds) - 1 for x in batches) == 10
