@@ -1,0 +1,84 @@
+"""Sampling knobs of the text and image samplers, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TextSamplingConfig:
+    """Block-diffusion text decoding (contract 6.2).
+
+    gen_length: answer budget in tokens (rounded up to whole blocks); block_length: tokens per block;
+    steps: denoising steps per block (linear schedule); temperature 0 = argmax; top_k / top_p filters;
+    threshold: commit every masked slot whose confidence exceeds it when at least the scheduled number do
+    (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward."""
+
+    gen_length: int = 128
+    block_length: int = 32
+    steps: int = 32
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    threshold: float | None = None
+    batch_size: int = 16
+    seed: int = 65513
+
+    def __post_init__(self) -> None:
+        for name in ("gen_length", "block_length", "steps", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"TextSamplingConfig.{name}={getattr(self, name)!r}: must be a positive integer")
+        if self.steps > self.block_length:
+            raise ValueError(f"TextSamplingConfig.steps={self.steps}: more steps than block_length="
+                             f"{self.block_length} tokens")
+        _check_common("TextSamplingConfig", self.temperature, self.top_k, self.top_p)
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"TextSamplingConfig.threshold={self.threshold}: must lie in (0, 1] or be None")
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.gen_length // self.block_length)
+
+
+@dataclass(frozen=True)
+class ImageSamplingConfig:
+    """Masked image generation with the cosine keep schedule (contract 6.3).
+
+    steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
+    cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then
+    cfg_scale must be 0); batch_size: prompts per forward (all guidance branches run in the same pack)."""
+
+    steps: int = 32
+    temperature: float = 1.0
+    cfg_scale: float = 3.0
+    text_scale: float = 0.0
+    image_scale: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    batch_size: int = 8
+    seed: int = 65513
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"ImageSamplingConfig.{name}={getattr(self, name)!r}: must be a positive integer")
+        _check_common("ImageSamplingConfig", self.temperature, self.top_k, self.top_p)
+        if self.dual and self.cfg_scale != 0:
+            raise ValueError(f"ImageSamplingConfig.cfg_scale={self.cfg_scale}: must be 0 when text_scale="
+                             f"{self.text_scale} / image_scale={self.image_scale} select dual guidance")
+        for name in ("text_scale", "image_scale"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ImageSamplingConfig.{name}={getattr(self, name)}: must be >= 0")
+
+    @property
+    def dual(self) -> bool:
+        return self.text_scale > 0 or self.image_scale > 0
+
+
+def _check_common(owner: str, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if temperature < 0:
+        raise ValueError(f"{owner}.temperature={temperature}: must be >= 0")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 0):
+        raise ValueError(f"{owner}.top_k={top_k!r}: must be a non-negative integer or None")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{owner}.top_p={top_p}: must lie in (0, 1] or be None")

@@ -1,0 +1,139 @@
+"""Masked image generation (contract 6.3): text-to-image and editing.
+
+A prompt's answer is a grid of h x w cells (plus row markers), all masked at the start. Each of the `steps`
+steps: one backbone forward over every prompt's guidance branches (one pack), guidance on the hidden states
+of the still-masked cells, the C codebooks of every masked cell sampled in order through the channel head,
+the new codes written into every branch, confidence = mean of the C probabilities, and the keep_k cells with
+the lowest log(confidence) + temperature * Gumbel masked again (cosine schedule; 0 at the last step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lumina.data.noise import stable_seed
+from lumina.data.packing import collate_pack
+from lumina.data.schema import Text
+from lumina.data.special_tokens import SpecialTokens
+from lumina.generation.config import ImageSamplingConfig
+from lumina.generation.guidance import guide_dual, guide_single
+from lumina.generation.sampling import cosine_keep, gumbel, sample_tokens
+from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
+from lumina.generation.sync import max_over_ranks, model_device, prepare_for_sampling
+
+
+@dataclass
+class ImageAnswer:
+    """codes [h * w, C] int64 in row-major cell order (what a token file's `indices` holds); grid (h, w)."""
+
+    codes: torch.Tensor
+    grid: tuple[int, int]
+
+
+@dataclass
+class StepTrace:
+    """What one step did, per prompt: cells committed so far and the guided hidden states [n_masked, H] the
+    channel head sampled from (kept only when tracing; used by tests and debugging)."""
+
+    committed: list[int]
+    guided: list[torch.Tensor] | None = None
+
+
+def branch_mode(config: ImageSamplingConfig) -> str:
+    if config.dual:
+        return "dual"
+    return "single" if config.cfg_scale != 0 else "none"
+
+
+@torch.no_grad()
+def generate_images(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens,
+                    config: ImageSamplingConfig | None = None,
+                    trace: list[StepTrace] | None = None) -> list[ImageAnswer]:
+    """Images for `prompts` (each with `grid` set; editing prompts hold their source image as a Media part).
+    `trace`, when a list, receives one StepTrace per step of the first batch."""
+    config = config or ImageSamplingConfig()
+    prepare_for_sampling(model)
+    device = model_device(model)
+    size = config.batch_size
+    answers: list[ImageAnswer] = []
+    num_batches = max_over_ranks(-(-len(prompts) // size), device)  # ranks with fewer batches run dummies
+    for b in range(num_batches):
+        chunk = prompts[b * size:(b + 1) * size]
+        dummy = not chunk
+        if dummy:
+            chunk = [Prompt([Text([])], grid=(1, 1), key="dummy")]
+        codes = _generate_batch(model, chunk, tokens, config, device, trace if b == 0 and not dummy else None)
+        if not dummy:
+            answers += [ImageAnswer(c.cpu(), p.grid) for c, p in zip(codes, chunk, strict=True)]
+    return answers
+
+
+def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens, config: ImageSamplingConfig,
+                    device: torch.device, trace: list[StepTrace] | None) -> list[torch.Tensor]:
+    branches = BRANCHES[branch_mode(config)]
+    sequences, cell_rows = [], []  # cell_rows[branch][prompt]: flat rows [n_cells]
+    offset = 0
+    for drop_text, drop_image in branches:
+        rows_of_branch = []
+        for p in prompts:
+            seq, rows = image_sequence(p, tokens, drop_text, drop_image)
+            sequences.append(seq)
+            rows_of_branch.append((rows + offset).to(device))
+            offset += len(seq)
+        cell_rows.append(rows_of_branch)
+    batch = collate_pack(sequences, offset, tokens.pad, tokens.num_codebooks).to(device)
+    generators = [_generator(config.seed, p.key, device) for p in prompts]
+    num_cells = [p.grid[0] * p.grid[1] for p in prompts]
+    masked = [torch.ones(n, dtype=torch.bool, device=device) for n in num_cells]
+    codes = [torch.full((n, tokens.num_codebooks), tokens.image_mask, dtype=torch.long, device=device)
+             for n in num_cells]
+    tau = config.temperature
+
+    def sample_fn(logits: torch.Tensor, codebook: int) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = [int(m.sum()) for m in masked]
+        scaled = logits / tau if tau > 0 else logits
+        return sample_tokens(scaled, 1.0 if tau > 0 else 0.0, generators, counts, config.top_k, config.top_p)
+
+    for step in range(config.steps):
+        hidden = model.backbone(batch)[0]
+        guided = [_guide(hidden, cell_rows, i, masked[i], config) for i in range(len(prompts))]
+        new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
+        confidence = probs.double().mean(dim=1)
+        start = 0
+        for i, n in enumerate(num_cells):
+            where = masked[i].nonzero().squeeze(1)
+            k = where.numel()
+            codes[i][where] = new_codes[start:start + k]
+            score = torch.log(confidence[start:start + k])
+            if tau > 0:
+                score = score + tau * gumbel((k,), generators[i], device)
+            keep = min(cosine_keep(n, step, config.steps), k)
+            remask = where[torch.topk(score, keep, largest=False).indices] if keep else where[:0]
+            codes[i][remask] = tokens.image_mask
+            masked[i] = torch.zeros_like(masked[i])
+            masked[i][remask] = True
+            start += k
+            for rows_of_branch in cell_rows:
+                batch.input_ids[0, rows_of_branch[i]] = codes[i]
+        if trace is not None:
+            trace.append(StepTrace([n - int(m.sum()) for n, m in zip(num_cells, masked, strict=True)],
+                                   [g.cpu() for g in guided]))
+    return codes
+
+
+def _guide(hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]], i: int, masked: torch.Tensor,
+           config: ImageSamplingConfig) -> torch.Tensor:
+    """Guided hidden states [n_masked, H] of prompt i's masked cells."""
+    states = [hidden[rows[i][masked]] for rows in cell_rows]
+    if config.dual:
+        return guide_dual(states[0], states[1], states[2], config.text_scale, config.image_scale)
+    return guide_single(states[0], states[1] if len(states) > 1 else None, config.cfg_scale)
+
+
+def _generator(seed: int, key: int | str, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(stable_seed(seed, key, "image"))
+    return gen

@@ -1,0 +1,104 @@
+"""Inference sequences, built only from the training layout's functions (`lumina.data.layout*`), so the
+samplers see exactly the ids, types, turns, blocks, clean flags and positions training produced.
+
+Text (contract 6.2): [prompt (turn 0, clean, block -1) | BOA (turn 1, noisy, block 0) | finished answer
+blocks (clean) | current block (noisy, text mask ids)]; answer offset o sits at position P + 1 + o, block
+o // block_length, like the training answer rows and their clean memory copy.
+Image (contract 6.3): [prompt | BOA BOI grid EOI EOA] with the grid all image-mask ids; guidance branches
+drop the prompt's text (`<uncondition>`) and/or media exactly as the training CFG dropout does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lumina.data.layout import plan_exchanges
+from lumina.data.layout_pieces import (
+    concat_pieces,
+    image_answer_cell_rows,
+    layout_image_answer,
+    layout_prompt,
+    layout_text_answer,
+)
+from lumina.data.schema import Media, Part, Sample, Text, Turn
+from lumina.data.sequence import TrainingSequence
+from lumina.data.special_tokens import SpecialTokens
+
+
+@dataclass
+class Prompt:
+    """One request: the user turn's parts (text ids and media code grids, in order) and optional system ids.
+    `key` seeds this prompt's random stream (set it to a global index so that results do not depend on how
+    prompts are batched or sharded); `grid` is the (h, w) cell grid of an image answer."""
+
+    parts: list[Part]
+    system: list[int] | None = None
+    key: int | str = 0
+    grid: tuple[int, int] | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def media(self) -> list[Media]:
+        return [p for p in self.parts if isinstance(p, Media)]
+
+
+def prompt_piece(prompt: Prompt, tokens: SpecialTokens, parts: list[Part] | None = None) -> TrainingSequence:
+    """The prompt turn (turn 0, clean, block -1, positions 0..P-1)."""
+    return layout_prompt(prompt.parts if parts is None else parts, tokens, turn=0, start_position=0,
+                         system=prompt.system, sample_id=str(prompt.key))
+
+
+def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Tensor, block_index: int,
+                  tokens: SpecialTokens, block_length: int) -> tuple[TrainingSequence, torch.Tensor]:
+    """prompt piece + BOA + `finished` answer ids (clean, offsets 0..) + `block` [block_length] ids (noisy,
+    offsets block_index * block_length ..). Returns (sequence, rows [block_length] of the current block)."""
+    if len(finished) != block_index * block_length:
+        raise ValueError(f"{len(finished)} finished answer tokens, expected block_index * block_length = "
+                         f"{block_index * block_length}")
+    boa_position = len(prompt)
+    sid = prompt.sample_id
+    pieces = [prompt, layout_text_answer(torch.zeros(0, dtype=torch.long), tokens, turn=1, boa_position=boa_position,
+                                         block_length=block_length, sample_id=sid)]
+    if finished:
+        pieces.append(layout_text_answer(finished, tokens, turn=1, boa_position=boa_position,
+                                         block_length=block_length, clean=True, with_boa=False, sample_id=sid))
+    pieces.append(layout_text_answer(block, tokens, turn=1, boa_position=boa_position, block_length=block_length,
+                                     clean=False, with_boa=False, first_offset=block_index * block_length,
+                                     sample_id=sid))
+    sequence = concat_pieces(pieces, sid)
+    start = len(sequence) - block_length
+    return sequence, torch.arange(start, len(sequence))
+
+
+def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool,
+                          drop_image: bool) -> list[Part]:
+    """The prompt parts after the training CFG dropout (`plan_exchanges` on a one-exchange sample whose
+    answer is an image): drop_text replaces the text with one `<uncondition>`, drop_image removes media."""
+    if prompt.grid is None:
+        raise ValueError(f"prompt {prompt.key!r}: an image answer needs grid=(h, w)")
+    h, w = prompt.grid
+    placeholder = Media("image", torch.zeros(h * w, tokens.num_codebooks, dtype=torch.long), (h, w))
+    turns = [] if prompt.system is None else [Turn("system", [Text(list(prompt.system))])]
+    turns += [Turn("user", list(prompt.parts)), Turn("assistant", [placeholder])]
+    (exchange,) = plan_exchanges(Sample(str(prompt.key), turns), tokens, drop_text, drop_image)
+    return exchange.prompt_parts
+
+
+def image_sequence(prompt: Prompt, tokens: SpecialTokens, drop_text: bool = False,
+                   drop_image: bool = False) -> tuple[TrainingSequence, torch.Tensor]:
+    """One guidance branch: prompt (after dropout) + BOA BOI grid EOI EOA with every cell masked.
+    Returns (sequence, cell rows [h * w] in row-major cell order)."""
+    parts = guidance_prompt_parts(prompt, tokens, drop_text, drop_image)
+    head = prompt_piece(prompt, tokens, parts)
+    answer = layout_image_answer(prompt.grid, tokens, turn=1, start_position=len(head), sample_id=str(prompt.key))
+    return concat_pieces([head, answer], str(prompt.key)), len(head) + image_answer_cell_rows(prompt.grid)
+
+
+# (drop_text, drop_image) of each guidance branch; the conditional branch comes first.
+BRANCHES = {
+    "none": ((False, False),),
+    "single": ((False, False), (True, True)),
+    "dual": ((False, False), (True, False), (False, True)),
+}

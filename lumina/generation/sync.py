@@ -1,0 +1,65 @@
+"""Keeping sampling ranks in lockstep under FSDP2 / expert parallelism.
+
+Every rank samples its own share of prompts, but all ranks must issue the same sequence of forwards (each
+forward all-gathers parameters / exchanges tokens). The samplers therefore agree, with one small all-reduce
+per block (text) or per prompt batch (image), on whether any rank still has work; a rank without work runs
+the same step on a dummy one-prompt batch. Without an initialised process group these are local no-ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# LuminaModel methods the samplers call instead of forward; under FSDP2 each must unshard the root.
+SAMPLER_METHODS = ("backbone", "text_head", "sample_image_codes")
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank_and_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest `value` of all ranks (one all-reduce)."""
+    if not distributed():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True if `flag` holds on at least one rank."""
+    return max_over_ranks(int(flag), device) > 0
+
+
+def shard_indices(num_items: int) -> list[int]:
+    """This rank's share of item indices: rank, rank + world, ... (every item on exactly one rank)."""
+    rank, world = rank_and_world()
+    return list(range(rank, num_items, world))
+
+
+def prepare_for_sampling(model: nn.Module) -> nn.Module:
+    """Under FSDP2 (`fully_shard` on the root), register the sampler entry points as forward methods so that
+    calling them gathers the root's parameters like `forward` does. Idempotent; other models pass through."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return model
+    if isinstance(model, FSDPModule) and not getattr(model, "_lumina_sampling_ready", False):
+        for name in SAMPLER_METHODS:
+            register_fsdp_forward_method(model, name)
+        model._lumina_sampling_ready = True
+    return model
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's parameters (a DTensor's local device under FSDP2)."""
+    param = next(model.parameters())
+    local = getattr(param, "to_local", None)
+    return local().device if callable(local) else param.device

@@ -1,0 +1,176 @@
+"""Block-diffusion text decoding (contract 6.2): understanding and text QA.
+
+Per prompt: the answer grows one block of `block_length` tokens at a time. A block starts as text-mask ids;
+each of its `steps` steps runs the backbone on the whole sequence, reads text logits at the block's masked
+rows, samples a candidate and its confidence per row, and commits the scheduled number of highest-confidence
+rows (linear schedule; with `threshold`, every row above it when enough are). A finished block becomes clean
+context for the next. A prompt stops after the first block that holds EOA; its answer is cut before EOA.
+Prompts are packed (one segment each) up to `batch_size` per forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lumina.data.noise import stable_seed
+from lumina.data.packing import collate_pack
+from lumina.data.schema import Text
+from lumina.data.sequence import TrainingSequence
+from lumina.data.special_tokens import SpecialTokens
+from lumina.generation.config import TextSamplingConfig
+from lumina.generation.sampling import linear_schedule, sample_tokens
+from lumina.generation.sequences import Prompt, prompt_piece, text_sequence
+from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
+
+
+@dataclass
+class TextAnswer:
+    """ids: answer tokens before the first EOA (all decoded tokens if none); finished: EOA was produced;
+    raw: every decoded token, incl. EOA and what follows it in its block."""
+
+    ids: list[int]
+    finished: bool
+    raw: list[int]
+
+
+class _State:
+    def __init__(self, prompt: Prompt, tokens: SpecialTokens, generator: torch.Generator) -> None:
+        self.prompt = prompt
+        self.piece = prompt_piece(prompt, tokens)
+        self.generator = generator
+        self.answer: list[int] = []
+        self.done = False
+
+
+@torch.no_grad()
+def generate_text(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens,
+                  config: TextSamplingConfig | None = None) -> list[TextAnswer]:
+    """Answers for `prompts` (this rank's share under data parallelism: ranks may hold different numbers of
+    prompts and finish at different blocks; they stay in lockstep, see `lumina.generation.sync`)."""
+    config = config or TextSamplingConfig()
+    prepare_for_sampling(model)
+    device = model_device(model)
+    answers: list[TextAnswer] = []
+    size = config.batch_size
+    num_batches = max_over_ranks(-(-len(prompts) // size), device)
+    for b in range(num_batches):
+        chunk = prompts[b * size:(b + 1) * size]
+        states = [_State(p, tokens, _generator(config.seed, p.key, device)) for p in chunk]
+        _decode_batch(model, states, tokens, config, device)
+        answers += [_answer_of(s, tokens) for s in states]
+    return answers
+
+
+def _generator(seed: int, key: int | str, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(stable_seed(seed, key, "text"))
+    return gen
+
+
+def _answer_of(state: _State, tokens: SpecialTokens) -> TextAnswer:
+    raw = state.answer
+    if tokens.eoa in raw:
+        return TextAnswer(raw[:raw.index(tokens.eoa)], True, list(raw))
+    return TextAnswer(list(raw), False, list(raw))
+
+
+def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens, config: TextSamplingConfig,
+                  device: torch.device) -> None:
+    """Decode every state's answer; keeps going (with dummy steps) while any rank has an unfinished prompt."""
+    length = config.block_length
+    for block_index in range(config.num_blocks):
+        active = [s for s in states if not s.done]
+        if not any_rank(bool(active), device):  # the per-block agreement
+            return
+        if active:
+            _decode_block(model, active, block_index, tokens, config, device)
+        else:
+            _dummy_block(model, tokens, config, device)
+        for s in active:
+            if tokens.eoa in s.answer[block_index * length:]:
+                s.done = True
+
+
+def _decode_block(model: nn.Module, states: list[_State], block_index: int, tokens: SpecialTokens,
+                  config: TextSamplingConfig, device: torch.device) -> None:
+    length = config.block_length
+    mask = torch.full((length,), tokens.text_mask, dtype=torch.long)
+    sequences, block_rows = [], []
+    offset = 0
+    for s in states:
+        seq, rows = text_sequence(s.piece, s.answer, mask, block_index, tokens, length)
+        sequences.append(seq)
+        block_rows.append(rows + offset)
+        offset += len(seq)
+    batch = _pack(sequences, tokens).to(device)
+    rows = torch.stack(block_rows).to(device)  # [P, block_length] flat rows of each current block
+    schedule = linear_schedule(length, config.steps)
+    for step in range(config.steps):
+        ids = batch.input_ids[0, :, 0][rows]  # [P, L]
+        masked = ids == tokens.text_mask
+        if config.threshold is not None and not any_rank(bool(masked.any()), device):
+            break  # every rank committed its whole block early (threshold); the ranks agree to stop
+        if not masked.any():
+            _dummy_step(model, tokens, device)
+            continue
+        query = rows[masked]
+        logits = model.text_head(model.backbone(batch)[0, query])
+        counts = masked.sum(1).tolist()
+        active = [i for i, n in enumerate(counts) if n]
+        candidates, confidence = sample_tokens(
+            logits, config.temperature, [states[i].generator for i in active], [counts[i] for i in active],
+            config.top_k, config.top_p)
+        commit = _choose_commits(masked, confidence, schedule[step], config.threshold)
+        new_ids = ids.clone()
+        new_ids[masked] = torch.where(commit, candidates, tokens.text_mask)
+        batch.input_ids[0, rows.reshape(-1)] = new_ids.reshape(-1, 1).expand(-1, batch.input_ids.shape[-1])
+    final = batch.input_ids[0, :, 0][rows].tolist()
+    for s, block in zip(states, final, strict=True):
+        s.answer.extend(block)
+
+
+def _choose_commits(masked: torch.Tensor, confidence: torch.Tensor, count: int,
+                    threshold: float | None) -> torch.Tensor:
+    """masked [P, L] bool; confidence [N] for the masked slots in row-major order -> commit [N] bool: per
+    prompt the `count` most confident masked slots, or with `threshold` every slot above it if at least
+    `count` are."""
+    full = torch.full(masked.shape, float("-inf"), dtype=torch.float64, device=masked.device)
+    full[masked] = confidence
+    k = min(count, masked.shape[1])
+    chosen = torch.zeros_like(masked)
+    if k:
+        top = torch.topk(full, k, dim=1).indices
+        chosen.scatter_(1, top, True)
+    if threshold is not None:
+        above = full > threshold
+        enough = above.sum(1, keepdim=True) >= k
+        chosen = torch.where(enough & above.any(1, keepdim=True), above, chosen)
+    return (chosen & masked)[masked]
+
+
+def _pack(sequences: list[TrainingSequence], tokens: SpecialTokens):
+    total = sum(len(s) for s in sequences)
+    return collate_pack(sequences, total, tokens.pad, tokens.num_codebooks)
+
+
+def _dummy_sequence(tokens: SpecialTokens, length: int) -> tuple[TrainingSequence, torch.Tensor]:
+    piece = prompt_piece(Prompt([Text([])]), tokens)
+    return text_sequence(piece, [], torch.full((length,), tokens.text_mask, dtype=torch.long), 0, tokens, length)
+
+
+def _dummy_step(model: nn.Module, tokens: SpecialTokens, device: torch.device) -> None:
+    """The forwards of one step on a one-row dummy answer, for a rank with nothing left to decode."""
+    seq, rows = _dummy_sequence(tokens, 1)
+    batch = _pack([seq], tokens).to(device)
+    model.text_head(model.backbone(batch)[0, rows.to(device)])
+
+
+def _dummy_block(model: nn.Module, tokens: SpecialTokens, config: TextSamplingConfig,
+                 device: torch.device) -> None:
+    for _ in range(config.steps):
+        if config.threshold is not None and not any_rank(False, device):
+            break
+        _dummy_step(model, tokens, device)

@@ -1,0 +1,156 @@
+"""The text-to-image / editing sampler on the real tiny model: guidance, schedule, fixed heads, layout."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from lumina.data.layout import layout_eval
+from lumina.data.layout_pieces import concat_pieces, layout_image_answer, layout_prompt
+from lumina.data.noise import NoiseConfig
+from lumina.data.packing import collate_pack
+from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.generation import ImageSamplingConfig, Prompt, StepTrace, generate_images
+
+
+def _single_forward_rows(model, sequence, rows):
+    batch = collate_pack([sequence], len(sequence), 0, sequence.input_ids.shape[1])
+    with torch.no_grad():
+        return model.backbone(batch)[0, rows]
+
+
+def test_first_step_guidance_equals_two_separate_forwards(tiny_model, tokens):
+    s = 2.0
+    grid = (2, 3)
+    prompt_ids = [20, 21, 22]
+    trace: list[StepTrace] = []
+    generate_images(tiny_model, [Prompt([Text(prompt_ids)], key=7, grid=grid)], tokens,
+                    ImageSamplingConfig(steps=3, cfg_scale=s), trace=trace)
+    # the two branches built by hand: conditional prompt, and the <uncondition> prompt
+    cells = [2 + r * (grid[1] + 1) + c for r in range(grid[0]) for c in range(grid[1])]
+    hidden = []
+    for ids in (prompt_ids, [tokens.uncondition]):
+        head = layout_prompt([Text(ids)], tokens)
+        seq = concat_pieces([head, layout_image_answer(grid, tokens, turn=1, start_position=len(head))], "x")
+        hidden.append(_single_forward_rows(tiny_model, seq, torch.tensor(cells) + len(head)))
+    h_c, h_u = hidden
+    assert not torch.allclose(h_c, h_u, atol=1e-3)  # the branches really differ
+    expected = (1 + s) * h_c - s * h_u
+    torch.testing.assert_close(trace[0].guided[0], expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(trace[0].guided[0], h_c, atol=1e-3)
+
+
+def test_dual_guidance_first_step(tiny_model, tokens):
+    st, si = 1.5, 0.5
+    grid = (2, 2)
+    source = Media("image", torch.arange(16).reshape(4, 4) % 64, (2, 2))
+    instruction = [30, 31]
+    trace: list[StepTrace] = []
+    generate_images(tiny_model, [Prompt([source, Text(instruction)], key=1, grid=grid)], tokens,
+                    ImageSamplingConfig(steps=2, cfg_scale=0.0, text_scale=st, image_scale=si), trace=trace)
+    cells = torch.tensor([2 + r * (grid[1] + 1) + c for r in range(grid[0]) for c in range(grid[1])])
+    hidden = []
+    for parts in ([source, Text(instruction)], [source, Text([tokens.uncondition])], [Text(instruction)]):
+        head = layout_prompt(parts, tokens)
+        seq = concat_pieces([head, layout_image_answer(grid, tokens, turn=1, start_position=len(head))], "x")
+        hidden.append(_single_forward_rows(tiny_model, seq, cells + len(head)))
+    h_c, h_ut, h_ui = hidden
+    expected = h_c + st * (h_c - h_ut) + si * (h_c - h_ui)
+    torch.testing.assert_close(trace[0].guided[0], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("grid,steps", [((3, 4), 5), ((2, 2), 3)])
+def test_committed_cells_follow_the_cosine_schedule(tiny_model, tokens, grid, steps):
+    trace: list[StepTrace] = []
+    prompts = [Prompt([Text([40, 41])], key=0, grid=grid), Prompt([Text([42])], key=1, grid=(1, 5))]
+    answers = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=steps, cfg_scale=1.0),
+                              trace=trace)
+    assert len(trace) == steps
+    for p, (n0) in enumerate([grid[0] * grid[1], 5]):
+        for k in range(steps):
+            keep = 0 if k == steps - 1 else max(1, int(n0 * math.cos(math.pi / 2 * (k + 1) / steps)))
+            assert trace[k].committed[p] == n0 - keep, (p, k)
+    for answer in answers:
+        assert (answer.codes < 64).all() and (answer.codes >= 0).all()  # nothing left masked
+
+
+def _fix_channel_head(model, favourite: list[int], strength: float = 8.0) -> None:
+    """Make every channel-head output position the constant vector v (final adaLN scale -1, shift v) and
+    lm_img_head[c] score code favourite[c] with |v|^2 = strength^2, every other code 0."""
+    head = model.multi_codebook_head
+    dim = head.condition_proj.weight.shape[0]
+    v = torch.zeros(dim)
+    v[0] = strength
+    with torch.no_grad():
+        final = head.channel_final.adaLN_modulation[1]
+        final.weight.zero_()
+        final.bias.zero_()
+        final.bias[:dim] = -1.0  # scale chunk comes first: x * (1 + scale) = 0
+        final.bias[dim:] = v  # shift
+        for c, table in enumerate(model.lm_img_head):
+            table.weight.zero_()
+            table.weight[favourite[c]] = v
+
+
+def test_fixed_heads_decode_the_favoured_codes(tiny_model, tokens):
+    favourite = [5, 17, 63, 0]
+    _fix_channel_head(tiny_model, favourite)
+    prompts = [Prompt([Text([50])], key=0, grid=(2, 3)),
+               Prompt([Media("image", torch.ones(4, 4, dtype=torch.long), (2, 2)), Text([51])], key=1, grid=(3, 2))]
+    answers = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=4, temperature=1.0))
+    for answer, prompt in zip(answers, prompts, strict=True):
+        assert answer.grid == prompt.grid
+        expected = torch.tensor(favourite).expand(prompt.grid[0] * prompt.grid[1], -1)
+        assert torch.equal(answer.codes, expected)
+
+
+def test_first_step_sequence_is_the_training_layout_fully_masked(tiny_model, tokens):
+    grid = (2, 3)
+    source = Media("image", torch.arange(24).reshape(6, 4) % 64, (3, 2))
+    codes = torch.randint(0, 64, (6, 4), generator=torch.Generator().manual_seed(0))
+    sample = Sample("s", [Turn("user", [source, Text([60, 61, 62])]),
+                          Turn("assistant", [Media("image", codes, grid)])])
+    expected = layout_eval(sample, tokens, NoiseConfig(), seed=0, t=1.0)  # every cell masked
+    seen = []
+    real_backbone = tiny_model.backbone
+
+    def recording_backbone(batch):
+        seen.append(copy.deepcopy(batch))  # the sampler updates its pack in place between steps
+        return real_backbone(batch)
+
+    tiny_model.backbone = recording_backbone
+    generate_images(tiny_model, [Prompt([source, Text([60, 61, 62])], key=0, grid=grid)], tokens,
+                    ImageSamplingConfig(steps=2, cfg_scale=0.0))
+    first = seen[0]
+    n = len(expected)
+    assert first.seq_len == n  # no guidance branch at scale 0
+    for name in ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean"):
+        assert torch.equal(getattr(first, name)[0], getattr(expected, name)), name
+
+
+def test_seeded_and_batch_independent(tiny_model, tokens):
+    prompts = [Prompt([Text([20 + i])], key=i, grid=(2, 2)) for i in range(3)]
+    config = ImageSamplingConfig(steps=3, cfg_scale=1.0, batch_size=3)
+    together = generate_images(tiny_model, prompts, tokens, config)
+    again = generate_images(tiny_model, prompts, tokens, config)
+    one_by_one = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=3, cfg_scale=1.0,
+                                                                                  batch_size=1))
+    other_seed = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=3, cfg_scale=1.0, seed=1))
+    for a, b, c in zip(together, again, one_by_one, strict=True):
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.codes, c.codes)
+    assert any(not torch.equal(a.codes, d.codes) for a, d in zip(together, other_seed, strict=True))
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="cfg_scale"):
+        ImageSamplingConfig(cfg_scale=1.0, text_scale=1.0)
+    with pytest.raises(ValueError, match="steps"):
+        ImageSamplingConfig(steps=0)
+
+
+def test_image_prompt_needs_a_grid(tiny_model, tokens):
+    with pytest.raises(ValueError, match="grid"):
+        generate_images(tiny_model, [Prompt([Text([20])], key=0)], tokens, ImageSamplingConfig(steps=1))
