@@ -17,7 +17,7 @@ from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_shape
 from lumina.checkpoint.layout import Source, Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint
 from lumina.checkpoint.save import copy_assets, dtype_name, resolve_dtype
-from lumina.checkpoint.writer import export_plan, prepare_directory, write_shards
+from lumina.checkpoint.writer import export_plan, parse_size, prepare_directory, write_shards
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split",
@@ -28,7 +28,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split
     model_type), tokenizer files and `*.py` are carried over."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
-    out_dtype = resolve_dtype(dtype)
+    out_dtype, shard_bytes = resolve_dtype(dtype), parse_size(max_shard_size)  # bad arguments fail before writing
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.resolve() == src.resolve():
         raise ValueError(f"dst={str(dst)!r} is the source directory; convert into a new directory")
@@ -58,7 +58,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split
                 fused[e].copy_(handle(info.file).get_tensor(split_key))
             return fused
 
-        write_shards(directory, export_plan(entries, fetch, layout, out_dtype), max_shard_size)
+        write_shards(directory, export_plan(entries, fetch, layout, out_dtype), shard_bytes)
     changes = {"model_type": MODEL_TYPE_OF_LAYOUT[layout]}
     if out_dtype is not None:
         changes["torch_dtype"] = dtype_name(out_dtype)

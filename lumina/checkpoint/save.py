@@ -11,7 +11,7 @@ from torch import nn
 
 from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_buffer_dtype, official_shapes
 from lumina.checkpoint.layout import CheckpointMismatchError
-from lumina.checkpoint.writer import export_plan, prepare_directory, write_shards
+from lumina.checkpoint.writer import export_plan, parse_size, prepare_directory, write_shards
 from lumina.model.config import LuminaConfig
 
 # Files beside the weights that the official loader / tokenizer need; copied from a source directory.
@@ -44,6 +44,8 @@ def copy_assets(source_dir: str | Path, directory: str | Path) -> list[Path]:
     source_dir, directory = Path(source_dir), Path(directory)
     if not source_dir.is_dir():
         raise FileNotFoundError(f"source_dir {str(source_dir)!r} is not a directory")
+    if source_dir.resolve() == directory.resolve():
+        return []  # exporting into the source directory: the files are already there
     copied = []
     for path in sorted(source_dir.iterdir()):
         if path.is_file() and any(path.match(pattern) for pattern in ASSET_PATTERNS):
@@ -74,7 +76,9 @@ def save_pretrained(model: nn.Module | Mapping[str, torch.Tensor], directory: st
     stays fp32, channel_mask bf16). Tokenizer and `*.py` files of `source_dir` are copied beside the weights."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
-    out_dtype = resolve_dtype(dtype)
+    out_dtype, shard_bytes = resolve_dtype(dtype), parse_size(max_shard_size)  # bad arguments fail before writing
+    if source_dir is not None and not Path(source_dir).is_dir():
+        raise FileNotFoundError(f"source_dir {str(source_dir)!r} is not a directory")
     if isinstance(model, nn.Module):
         state = model.state_dict()
         config = config if config is not None else model.config
@@ -86,7 +90,7 @@ def save_pretrained(model: nn.Module | Mapping[str, torch.Tensor], directory: st
     plan = export_plan(((k, tuple(t.shape), t.dtype) for k, t in state.items()),
                        lambda key, e: state[key] if e is None else state[key][e], layout, out_dtype)
     directory = prepare_directory(directory, overwrite)
-    write_shards(directory, plan, max_shard_size)
+    write_shards(directory, plan, shard_bytes)
     param_dtypes = {t.dtype for k, t in state.items() if official_buffer_dtype(k) is None}
     torch_dtype = out_dtype or (param_dtypes.pop() if len(param_dtypes) == 1 else None)
     changes = {"model_type": MODEL_TYPE_OF_LAYOUT[layout]}

@@ -11,7 +11,7 @@ from checkpoint_helpers import assert_bit_equal, contract_keys, naive_fuse, read
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lumina.checkpoint import load_pretrained, save_pretrained
+from lumina.checkpoint import load_pretrained, parse_size, save_pretrained
 from lumina.model import LuminaConfig, LuminaModel
 
 
@@ -150,3 +150,24 @@ def test_save_state_dict_checks_keys(fp32_model: LuminaModel, tmp_path: Path) ->
 def test_bad_arguments_name_the_value(fp32_model: LuminaModel, tmp_path: Path, kwargs: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         save_pretrained(fp32_model, tmp_path, **kwargs)
+
+
+def test_parse_size() -> None:
+    assert parse_size("5GB") == 5_000_000_000
+    assert parse_size("500MiB") == 500 * 1024 * 1024
+    assert parse_size("1.5kb") == 1500
+    assert parse_size(123) == 123 and parse_size("123") == 123
+    for bad in ("five GB", "5 XB", "-5GB", True):
+        with pytest.raises(ValueError, match="max_shard_size"):
+            parse_size(bad)
+
+
+def test_bad_argument_leaves_existing_export_alone(fp32_model: LuminaModel, tmp_path: Path) -> None:
+    save_pretrained(fp32_model, tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="max_shard_size"):
+        save_pretrained(fp32_model, tmp_path, overwrite=True, max_shard_size="lots")
+    with pytest.raises(FileNotFoundError, match="no_such_release"):
+        save_pretrained(fp32_model, tmp_path, overwrite=True, source_dir=tmp_path / "no_such_release")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert_bit_equal(load_pretrained(tmp_path).state_dict(), fp32_model.state_dict())
