@@ -5,7 +5,7 @@ and the mask memory each backend keeps at S = 16384.
 
 Packs: 16 equal segments, and a realistic length mix; each with block-diffusion metadata (SFT layout:
 clean prompt turn, noisy answer blocks, clean answer memory) and plain bidirectional. Timings are medians of
---reps runs after one warm-up, all backends measured in the same process. flex has no backward on CPU,
+--reps runs after one warm-up, backends interleaved rep by rep in the same process. flex has no backward on CPU,
 so there it is timed forward-only (under no_grad) next to the forward-only figures of the others.
 """
 
@@ -57,14 +57,18 @@ def scaled_mix(seq_len: int) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-def time_call(fn, reps: int) -> float:
-    fn()  # warm-up (builds the cached masks / compiles flex)
-    times = []
+def time_interleaved(steps: dict[str, object], reps: int) -> dict[str, float]:
+    """Median seconds per step; one warm-up each (builds cached masks / compiles flex), then the steps take
+    turns rep by rep, so load drift on a shared machine hits every backend alike."""
+    for step in steps.values():
+        step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None:
@@ -98,20 +102,19 @@ def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None
     print(f"\n## {name}: S={seq_len}, {len(lengths)} segments, ideal speed-up S^2/sum(L^2) = {ideal:.2f}x")
     print("| backend | fwd+bwd median s | fwd+bwd speed-up | fwd-only median s | fwd-only speed-up |")
     print("|---|---|---|---|---|")
-    base_train = base_fwd = None
+    trainable = [b for b in backends if b != "flex" or torch.cuda.is_available()]
+    reset_backend_calls()
+    train = time_interleaved({b: fwd_bwd(b) for b in trainable}, args.reps)
+    forward = time_interleaved({b: fwd(b) for b in backends}, args.reps)
+    served = backend_calls()
+    assert set(served) == set(backends), f"not every backend served its own calls: {served}"
     for backend in backends:
-        reset_backend_calls()
-        train = None
-        if backend != "flex" or torch.cuda.is_available():
-            train = time_call(fwd_bwd(backend), args.reps)
-        forward = time_call(fwd(backend), args.reps)
-        served = backend_calls()
-        assert set(served) == {backend}, f"{backend} was not the path that ran: {served}"
-        if backend == "sdpa_dense":
-            base_train, base_fwd = train, forward
-        train_cell = "n/a (no CPU backward)" if train is None else f"{train:.3f}"
-        train_up = "" if train is None else f"{base_train / train:.2f}x"
-        print(f"| {backend} | {train_cell} | {train_up} | {forward:.3f} | {base_fwd / forward:.2f}x |", flush=True)
+        train_cell, train_up = "n/a (no CPU backward)", ""
+        if backend in train:
+            train_cell = f"{train[backend]:.3f}"
+            train_up = f"{train['sdpa_dense'] / train[backend]:.2f}x"
+        print(f"| {backend} | {train_cell} | {train_up} | {forward[backend]:.3f} | "
+              f"{forward['sdpa_dense'] / forward[backend]:.2f}x |", flush=True)
 
 
 def mask_bytes(seq_len: int, dtype: torch.dtype) -> None:
