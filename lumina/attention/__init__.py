@@ -1,4 +1,14 @@
-"""Packed block-diffusion attention: the spec built once per forward, the rule, and the backends."""
+"""Packed block-diffusion attention: the spec built once per forward, the rule, and the backends.
+
+    spec = build_spec(batch, backend=config.attn_backend, strict=config.attn_strict)  # once per forward
+    out = attend(q, k, v, spec)  # per layer: q [B, nh, S, hd], k/v [B, nkv, S, hd] -> [B, nh, S, hd]
+
+Backends: sdpa_dense (official additive [1, 1, S, S] mask; the reference), segmented (SDPA per run of
+equal-length segments, sum(L_i^2)), flex (flex_attention + BlockMask, O(S) mask; no CPU backward),
+flash_varlen (flash-attn, plain segments on CUDA). Rows with token_valid false get the official
+fully-masked-row result (mean of V over all keys) in every backend, with exact, finite gradients.
+`allowed_mask` is the dense reference of the rule; `backend_calls` counts which path served each call.
+"""
 
 from lumina.attention.attend import attend
 from lumina.attention.bounds import resolve_seg_bounds

@@ -105,9 +105,12 @@ def strict_from_env() -> bool:
 
 
 def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = False) -> AttentionSpec:
-    """Validate a packed batch and build its attention spec (one host sync). Raises ValueError naming the
-    tensor and values on any violation: bad cu_seqlens, seg_bounds that disagree with it, tail positions
-    with token_valid true, metadata of the wrong length."""
+    """Validate a packed batch and build its attention spec. Every host read happens here (cu_seqlens when
+    seg_bounds is absent, one read of the checks, one of the plain runs for the segmented family); the layers
+    do none. Raises ValueError naming the tensor and values on any violation: bad cu_seqlens, seg_bounds
+    that disagree with it, tail positions with token_valid true, metadata of the wrong length, unknown
+    backend. `strict` (or env LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises RuntimeError
+    instead of falling back to `segmented`."""
     if backend not in BACKENDS:
         raise ValueError(f"attn backend {backend!r} is not one of {BACKENDS}")
     strict = strict or strict_from_env()
