@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,19 @@ def test_bad_argument_leaves_existing_export_alone(fp32_model: LuminaModel, tmp_
         save_pretrained(fp32_model, tmp_path, overwrite=True, source_dir=tmp_path / "no_such_release")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert_bit_equal(load_pretrained(tmp_path).state_dict(), fp32_model.state_dict())
+
+
+def index_keys(directory: Path) -> list[str]:
+    return list(json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"])
+
+
+def test_split_export_passes_the_official_layout_check(fp32_model: LuminaModel, tmp_path: Path) -> None:
+    """The official loader reads the index, refuses fused expert keys (`mlp.experts.<proj>`, with or without
+    `.weight`) and requires per-expert keys (`mlp.experts.<e>.<proj>`)."""
+    fused_key = re.compile(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)(\.weight)?$")
+    split_key = re.compile(r"\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)(\.weight)?$")
+    split = index_keys(save_pretrained(fp32_model, tmp_path / "split"))
+    assert not any(fused_key.search(k) for k in split)
+    assert sum(bool(split_key.search(k)) for k in split) == 2 * 8 * 3  # 2 MoE layers x 8 experts x 3
+    fused = index_keys(save_pretrained(fp32_model, tmp_path / "fused", layout="fused"))
+    assert sum(bool(fused_key.search(k)) for k in fused) == 2 * 3
