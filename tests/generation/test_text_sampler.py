@@ -1,0 +1,134 @@
+"""The block-diffusion text sampler on the real tiny model: fixed heads, EOA stop, layout, schedule, seeds."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lumina.data.layout import layout_eval
+from lumina.data.noise import NoiseConfig
+from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.generation import Prompt, TextSamplingConfig, generate_text
+from lumina.generation.sampling import filter_top_k_top_p, linear_schedule
+
+
+def _favour_token(model, token: int, margin: float = 30.0) -> None:
+    """Every final hidden state gets a dominant, positive dimension 0 (the word embeddings carry +1000 there,
+    the final norm keeps only that dimension), and lm_head scores `token` by `margin` there, others 0."""
+    with torch.no_grad():
+        model.model.word_embeddings.weight[:, 0] += 1000.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[token, 0] = margin / 8.0  # h_0 = sqrt(H) = 8 for a one-hot residual direction
+
+
+def _recording(model):
+    seen = []
+    real = model.backbone
+
+    def backbone(batch):
+        seen.append(copy.deepcopy(batch))  # the sampler updates its pack in place between steps
+        return real(batch)
+
+    model.backbone = backbone
+    return seen
+
+
+def test_fixed_head_decodes_the_favoured_token_in_every_slot(tiny_model, tokens):
+    _favour_token(tiny_model, 77)
+    seen = _recording(tiny_model)
+    config = TextSamplingConfig(gen_length=16, block_length=8, steps=4, temperature=1.0)
+    (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21])], key=0)], tokens, config)
+    assert answer.ids == [77] * 16 and not answer.finished
+    assert len(seen) == 2 * 4  # two blocks of four steps, one forward each
+
+
+def test_eoa_stops_after_its_block_and_cuts_the_answer(tiny_model, tokens):
+    _favour_token(tiny_model, tokens.eoa)
+    seen = _recording(tiny_model)
+    config = TextSamplingConfig(gen_length=32, block_length=8, steps=2)
+    (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21])], key=0)], tokens, config)
+    assert answer.finished and answer.ids == [] and answer.raw == [tokens.eoa] * 8
+    assert len(seen) == 2  # one block only
+
+
+def test_commits_per_step_follow_the_linear_schedule(tiny_model, tokens):
+    seen = _recording(tiny_model)
+    config = TextSamplingConfig(gen_length=7, block_length=7, steps=3)
+    generate_text(tiny_model, [Prompt([Text([20])], key=0)], tokens, config)
+    masked_before = [int((b.input_ids[0, -7:, 0] == tokens.text_mask).sum()) for b in seen]
+    assert masked_before == [7, 7 - 3, 7 - 3 - 2]  # 7 tokens over 3 steps: 3, 2, 2
+    assert linear_schedule(7, 3) == [3, 2, 2]
+
+
+def test_first_step_sequence_is_the_training_layout_fully_masked_without_memory(tiny_model, tokens):
+    block = 8
+    answer = [30, 31, 32, 33, 34, 35, 36]  # + EOA = one full block
+    image = Media("image", torch.arange(16).reshape(4, 4) % 64, (2, 2))
+    sample = Sample("s", [Turn("system", [Text([15, 16])]), Turn("user", [image, Text([40, 41])]),
+                          Turn("assistant", [Text(answer)])])
+    expected = layout_eval(sample, tokens, NoiseConfig(block_length=block), seed=0, t=1.0)
+    memory_rows = len(answer) + 1
+    seen = _recording(tiny_model)
+    prompt = Prompt([image, Text([40, 41])], system=[15, 16], key=0)
+    generate_text(tiny_model, [prompt], tokens, TextSamplingConfig(gen_length=block, block_length=block, steps=2))
+    first = seen[0]
+    assert first.seq_len == len(expected) - memory_rows
+    for name in ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean"):
+        assert torch.equal(getattr(first, name)[0], getattr(expected, name)[:-memory_rows]), name
+
+
+def test_finished_blocks_are_clean_like_the_answer_memory(tiny_model, tokens):
+    block = 4
+    seen = _recording(tiny_model)
+    generate_text(tiny_model, [Prompt([Text([20, 21, 22])], key=0)], tokens,
+                  TextSamplingConfig(gen_length=8, block_length=block, steps=2))
+    second_block = seen[2]  # steps 0, 1 decode block 0; step 2 is the first of block 1
+    prompt_len = 5
+    rows = slice(prompt_len + 1, prompt_len + 1 + block)  # block 0's answer rows after BOA
+    assert second_block.is_clean[0, rows].all()
+    assert torch.equal(second_block.position_ids[0, rows], torch.arange(prompt_len + 1, prompt_len + 1 + block))
+    assert (second_block.block_ids[0, rows] == 0).all() and (second_block.block_ids[0, -block:] == 1).all()
+    assert not second_block.is_clean[0, -block:].any()
+    assert (second_block.input_ids[0, rows, 0] != tokens.text_mask).all()
+    assert (second_block.input_ids[0, -block:, 0] == tokens.text_mask).all()
+
+
+def test_seeded_and_batch_independent(tiny_model, tokens):
+    prompts = [Prompt([Text([20 + i, 21])], key=i) for i in range(3)]
+    config = TextSamplingConfig(gen_length=8, block_length=4, steps=2, temperature=1.0, batch_size=3)
+    together = generate_text(tiny_model, prompts, tokens, config)
+    again = generate_text(tiny_model, prompts, tokens, config)
+    one_by_one = generate_text(tiny_model, prompts, tokens, TextSamplingConfig(
+        gen_length=8, block_length=4, steps=2, temperature=1.0, batch_size=1))
+    other = generate_text(tiny_model, prompts, tokens, TextSamplingConfig(
+        gen_length=8, block_length=4, steps=2, temperature=1.0, seed=5))
+    assert [a.raw for a in together] == [a.raw for a in again] == [a.raw for a in one_by_one]
+    assert [a.raw for a in together] != [a.raw for a in other]
+
+
+def test_threshold_commits_every_confident_slot_at_once(tiny_model, tokens):
+    _favour_token(tiny_model, 77)  # every slot has confidence ~1
+    seen = _recording(tiny_model)
+    config = TextSamplingConfig(gen_length=8, block_length=8, steps=8, threshold=0.9)
+    (answer,) = generate_text(tiny_model, [Prompt([Text([20])], key=0)], tokens, config)
+    assert answer.raw == [77] * 8
+    assert len(seen) == 1  # the whole block in the first step
+
+
+def test_top_k_top_p_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_top_k_top_p(logits, top_k=2)).tolist() == [[False, False, True, True]]
+    # top_p = 0.7: 0.5 alone is short of it, 0.5 + 0.3 reaches it -> keep two
+    assert torch.isinf(filter_top_k_top_p(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_top_k_top_p(logits, top_p=0.85)).tolist() == [[False, False, False, True]]
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="steps"):
+        TextSamplingConfig(block_length=4, steps=8)
+    with pytest.raises(ValueError, match="threshold"):
+        TextSamplingConfig(threshold=1.5)
