@@ -18,9 +18,9 @@ import time
 import numpy as np
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.dataset import LayoutSource, PackSource, SyntheticSource
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import best_fit_decreasing
+from lumina.data.sources import LayoutSource, PackSource, SyntheticSource
 
 
 def long_tailed_lengths(n: int, seed: int = 0) -> list[int]:

@@ -19,16 +19,10 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader
 
-from lumina.data.dataset import (
-    FixedSampler,
-    PackedDataset,
-    PackSampler,
-    PackSource,
-    identity,
-    keys_for,
-)
+from lumina.data.dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
 from lumina.data.packing import OVERLONG_POLICIES, OverlongPolicy
 from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
+from lumina.data.sources import PackSource
 
 log = logging.getLogger(__name__)
 

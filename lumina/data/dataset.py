@@ -8,112 +8,17 @@ the epoch and the pack's sample indices and lengths, so (persistent) workers nee
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple
 
-import numpy as np
-import torch
 from torch.utils.data import Dataset, Sampler
 
 from lumina.data.batch import PackedBatch
-from lumina.data.layout import layout_eval, layout_sample
-from lumina.data.mixture import ConcatSampleDataset, EpochMix, MixturePlan
-from lumina.data.noise import NoiseConfig, cfg_dropout
 from lumina.data.packing import collate_pack
 from lumina.data.plan import EpochPlan, PackSchedule
-from lumina.data.sequence import TrainingSequence
-from lumina.data.storage import SampleDataset
+from lumina.data.sources import LayoutSource, MixtureSource, PackSource, SyntheticSource
 
-
-@runtime_checkable
-class PackSource(Protocol):
-    """What packing needs from a data source: sample count, per-epoch laid-out lengths (after that epoch's
-    seeded CFG dropout) and the laid-out sequence of one sample in one epoch. Must be picklable (workers)."""
-
-    def __len__(self) -> int: ...
-
-    def lengths(self, epoch: int) -> Sequence[int]: ...
-
-    def sequence(self, index: int, epoch: int) -> TrainingSequence: ...
-
-    def sample_id(self, index: int) -> str: ...
-
-
-def dropout_lengths(variants: np.ndarray, sample_ids: Sequence[str], noise: NoiseConfig, seed: int,
-                    epoch: int) -> list[int]:
-    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) -> each sample's length under the
-    CFG-dropout decision `cfg_dropout(seed, epoch, id)` that `layout_sample` will take."""
-    column = [int(dt) + 2 * int(di) for dt, di in (cfg_dropout(seed, epoch, sid, noise) for sid in sample_ids)]
-    return variants[np.arange(len(sample_ids)), column].tolist()
-
-
-class LayoutSource:
-    """A `PackSource` over a storage `SampleDataset` (Parquet shards or in memory): lengths come from the
-    stored CFG-variant columns picked by that epoch's seeded dropout, sequences from `layout_sample`.
-
-    With `eval_t` set it is a validation source instead: no CFG dropout, every sample laid out by
-    `layout_eval` at the fixed noise level `eval_t` (the same masked positions in every call)."""
-
-    def __init__(self, dataset: SampleDataset, noise: NoiseConfig, seed: int, eval_t: float | None = None) -> None:
-        if eval_t is not None and not 0.0 <= eval_t <= 1.0:
-            raise ValueError(f"eval_t={eval_t}: must lie in [0, 1]")
-        self.dataset, self.noise, self.seed, self.eval_t = dataset, noise, seed, eval_t
-        self._ids = list(dataset.sample_ids())
-        self._variants = np.asarray(dataset.laid_out_lengths(), dtype=np.int64)  # [N, 4] keep/dt/di/both
-        if self._variants.shape != (len(self._ids), 4):
-            raise ValueError(f"laid_out_lengths() has shape {list(self._variants.shape)}, "
-                             f"expected [{len(self._ids)}, 4]")
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def sample_id(self, index: int) -> str:
-        return self._ids[index]
-
-    def lengths(self, epoch: int) -> list[int]:
-        if self.eval_t is not None:
-            return self._variants[:, 0].tolist()
-        return dropout_lengths(self._variants, self._ids, self.noise, self.seed, epoch)
-
-    def sequence(self, index: int, epoch: int) -> TrainingSequence:
-        sample = self.dataset[index]
-        if self.eval_t is not None:
-            return layout_eval(sample, self.dataset.tokens, self.noise, self.seed, self.eval_t)
-        return layout_sample(sample, self.dataset.tokens, self.noise, self.seed, epoch)
-
-
-class MixtureSource:
-    """A `PackSource` over a weighted `MixturePlan`: in epoch e, slot j is the mixture's j-th drawn item
-    (source, index) of that epoch, laid out by `layout_sample` (seeded CFG dropout and noise per sample id).
-    The sources must share one SpecialTokens."""
-
-    def __init__(self, mixture: MixturePlan, noise: NoiseConfig, seed: int) -> None:
-        self.mixture, self.noise, self.seed = mixture, noise, seed
-        self.tokens = ConcatSampleDataset(mixture.sources).tokens  # checks the sources agree
-        self._ids = {name: list(mixture.sources[name].sample_ids()) for name in mixture.names}
-        self._mix: EpochMix | None = None
-
-    def mix(self, epoch: int) -> EpochMix:
-        """The mixture's draw for `epoch` (cached); `.proportions` are the realised shares to log."""
-        if self._mix is None or self._mix.epoch != epoch:
-            self._mix = self.mixture.epoch(epoch)
-        return self._mix
-
-    def __len__(self) -> int:
-        return self.mixture.samples_per_epoch
-
-    def sample_id(self, index: int) -> str:
-        """Id of slot `index` in the most recently drawn epoch."""
-        name, i = (self._mix or self.mix(0)).items[index]
-        return self._ids[name][i]
-
-    def lengths(self, epoch: int) -> list[int]:
-        mix = self.mix(epoch)
-        ids = [self._ids[name][i] for name, i in mix.items]
-        return dropout_lengths(self.mixture.lengths(mix), ids, self.noise, self.seed, epoch)
-
-    def sequence(self, index: int, epoch: int) -> TrainingSequence:
-        sample = self.mixture.sample(self.mix(epoch).items[index])
-        return layout_sample(sample, self.tokens, self.noise, self.seed, epoch)
+__all__ = ["FixedSampler", "LayoutSource", "MixtureSource", "PackKey", "PackSampler", "PackSource",
+           "PackedDataset", "SyntheticSource", "identity", "keys_for"]
 
 
 class PackKey(NamedTuple):
@@ -190,47 +95,3 @@ class FixedSampler(Sampler[PackKey]):
 def identity(x: PackedBatch) -> PackedBatch:
     """collate_fn for `batch_size=None`: a pack is already a batch."""
     return x
-
-
-class SyntheticSource:
-    """A `PackSource` of made-up sequences, for tests and benchmarks.
-
-    Sample i has base length `base[i]`; in each epoch a seeded coin (probability `drop_prob`) shortens it by
-    `drop` tokens (min 1), imitating CFG dropout. Its sequence carries its identity: input_ids[:, 0] = i,
-    input_ids[:, 1] = epoch, input_ids[:, c >= 2] = row offset; labels = input_ids; type 3, clean=False.
-    """
-
-    def __init__(self, base: Sequence[int], num_codebooks: int = 8, seed: int = 0, drop_prob: float = 0.0,
-                 drop: int = 0) -> None:
-        if num_codebooks < 2:
-            raise ValueError(f"num_codebooks={num_codebooks}: SyntheticSource needs >= 2 (index, epoch)")
-        self.base = [int(n) for n in base]
-        self.num_codebooks, self.seed, self.drop_prob, self.drop = num_codebooks, seed, drop_prob, drop
-        self._cached: tuple[int, list[int]] | None = None  # (epoch, lengths) of the last epoch asked
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def sample_id(self, index: int) -> str:
-        return f"syn-{index}"
-
-    def lengths(self, epoch: int) -> list[int]:
-        return list(self._epoch_lengths(epoch))
-
-    def _epoch_lengths(self, epoch: int) -> list[int]:
-        if self._cached is None or self._cached[0] != epoch:
-            coins = np.random.default_rng([self.seed, epoch]).random(len(self.base)) < self.drop_prob
-            lengths = [max(1, n - self.drop) if c else n for n, c in zip(self.base, coins.tolist(), strict=True)]
-            self._cached = (epoch, lengths)
-        return self._cached[1]
-
-    def sequence(self, index: int, epoch: int) -> TrainingSequence:
-        n = self._epoch_lengths(epoch)[index]
-        ids = torch.arange(n, dtype=torch.int64).unsqueeze(1).repeat(1, self.num_codebooks)
-        ids[:, 0], ids[:, 1] = index, epoch
-        zeros = torch.zeros(n, dtype=torch.int64)
-        return TrainingSequence(
-            sample_id=self.sample_id(index), input_ids=ids, labels=ids.clone(),
-            type_ids=torch.full((n,), 3, dtype=torch.int64), turn_ids=zeros, block_ids=zeros.clone(),
-            position_ids=torch.arange(n, dtype=torch.int64), is_clean=torch.zeros(n, dtype=torch.bool),
-            noise_t=torch.full((n,), 0.5), answer_mask=torch.ones(n, dtype=torch.bool))

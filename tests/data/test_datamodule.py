@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.dataset import LayoutSource, MixtureSource, SyntheticSource
 from lumina.data.layout import layout_eval, layout_sample
 from lumina.data.mixture import MixturePlan
 from lumina.data.noise import NoiseConfig
 from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sources import LayoutSource, MixtureSource, SyntheticSource
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import InMemorySampleDataset
 
