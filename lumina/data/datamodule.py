@@ -20,7 +20,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from lumina.data.dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
-from lumina.data.packing import OVERLONG_POLICIES, OverlongPolicy
+from lumina.data.packing import OVERLONG_POLICIES
 from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
 from lumina.data.sources import PackSource
 
@@ -50,7 +50,7 @@ class DataConfig:
     num_workers: int = 0
     persistent_workers: bool = True
     prefetch_factor: int | None = None
-    overlong: OverlongPolicy = "error"
+    overlong: str = "error"  # OverlongPolicy: "error" | "skip" (a plain str so OmegaConf can type it)
     pad_id: int = PAD_TOKEN_ID
     num_codebooks: int = 8
     sources: list[SourceSpec] = field(default_factory=list)
@@ -94,8 +94,8 @@ class LuminaDataModule(L.LightningDataModule):
         super().__init__()
         self.config = config
         self.train_source, self.val_source = train_source, val_source
-        self.schedule = PackSchedule(train_source.lengths, config.seq_len, config.seed, config.overlong,
-                                     train_source.sample_id)
+        self.schedule = PackSchedule(train_source.lengths, config.seq_len, config.seed,
+                                     config.overlong, train_source.sample_id)  # type: ignore[arg-type]
         self.cursor_callback = PackCursorCallback(self.schedule)
         self.sampler = PackSampler(self.schedule, epoch_fn=self._trainer_epoch)
 

@@ -7,6 +7,7 @@ import logging
 import lightning as L
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.layout import layout_eval, layout_sample
@@ -109,6 +110,10 @@ def test_config_rejects(field: str, value: object) -> None:
 def test_config_sources_from_dicts() -> None:
     cfg = DataConfig(sources=[{"name": "world", "weight": 2.0}])
     assert cfg.sources[0].name == "world" and cfg.sources[0].weight == 2.0
+    schema = OmegaConf.structured(DataConfig)  # usable as a Hydra structured config
+    merged = OmegaConf.to_object(OmegaConf.merge(schema, {"seq_len": 64, "overlong": "skip",
+                                                          "sources": [{"name": "w", "weight": 0.5}]}))
+    assert (merged.seq_len, merged.overlong, merged.sources[0].weight) == (64, "skip", 0.5)
     with pytest.raises(ValueError, match=r"sources\['x'\].weight=0"):
         DataConfig(sources=[{"name": "x", "weight": 0}])
 
