@@ -38,3 +38,12 @@ def tokenizer_dir(tmp_path: Path) -> Path:
     for name, text in files.items():
         (src / name).write_text(text)
     return src
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscribing the shared CPU (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
