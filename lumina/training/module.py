@@ -72,8 +72,12 @@ class LuminaModule(L.LightningModule):
         """Build the model once (a strategy may call this inside its sharding context)."""
         if self.model is not None:
             return
-        model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
-                            device=self.device)
+        if getattr(self._trainer and self._trainer.strategy, "materialises_model", False):
+            with torch.device("meta"):  # the strategy shards, then initialises / loads init_from per shard
+                model = build_model(self.model_config)
+        else:
+            model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
+                                device=self.device)
         self.frozen_names = freeze_parameters(model, self.freeze_globs)
         self.model = model
 
@@ -147,6 +151,10 @@ class LuminaModule(L.LightningModule):
         self._step_micro += 1
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        strategy_norm = getattr(self.trainer.strategy, "grad_norm", None)  # gradients on several meshes
+        if strategy_norm is not None:
+            self._grad_norm = strategy_norm(self.parameters())
+            return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self._grad_norm = (torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
                                                                  for g in grads]))

@@ -1,0 +1,78 @@
+"""`ParallelConfig`: the sizes and switches of the FSDP2 + expert-parallel layout (Hydra: conf/strategy/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ParallelConfig:
+    """world = replicate * shard ranks; every rank is a data-parallel rank.
+
+    replicate:  HSDP replicas (outer dim of both meshes); 1 = plain FSDP.
+    shard:      FSDP shard size of the dense parameters; "auto" = world // replicate.
+    ep:         expert-parallel size (divides `shard` and num_experts); the experts of a layer are split over
+                the ep ranks and further FSDP-sharded over the remaining shard // ep ("expert fsdp") ranks.
+    param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = keep fp32 compute). When set,
+                the trainer must run "32-true" precision (no Lightning autocast on top).
+    activation_checkpointing: recompute each decoder layer in backward, with the router's top-k replayed.
+    participation_check: before backward, ranks compare which conditional modules joined the graph and
+                raise naming the modules and ranks on a mismatch.
+    conditional_rule: the once-per-micro-batch rule (every conditional module joins every rank's graph);
+                false reproduces the seed's behaviour (an empty modality is left out of backward) for tests.
+    timeout_s:  process-group timeout: a dead or diverged rank ends the job with an error after this long.
+    """
+
+    replicate: int = 1
+    shard: int | str = "auto"
+    ep: int = 1
+    param_dtype: str | None = None
+    reduce_dtype: str = "float32"
+    activation_checkpointing: bool = False
+    participation_check: bool = True
+    conditional_rule: bool = True
+    timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        for name in ("replicate", "ep"):
+            _positive_int(name, getattr(self, name))
+        if self.shard != "auto":
+            _positive_int("shard", self.shard)
+        if self.param_dtype is not None and self.param_dtype not in DTYPES:
+            raise ValueError(f"ParallelConfig.param_dtype={self.param_dtype!r}: must be null or one of {DTYPES}")
+        if self.reduce_dtype not in DTYPES:
+            raise ValueError(f"ParallelConfig.reduce_dtype={self.reduce_dtype!r}: must be one of {DTYPES}")
+        if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
+            raise ValueError(f"ParallelConfig.timeout_s={self.timeout_s!r}: must be a positive number of seconds")
+
+    def resolve(self, world_size: int) -> ResolvedSizes:
+        """Check the sizes against the world size -> (replicate, shard, expert_fsdp, ep)."""
+        if world_size % self.replicate:
+            raise ValueError(f"ParallelConfig.replicate={self.replicate} does not divide the world size {world_size}")
+        shard = world_size // self.replicate if self.shard == "auto" else int(self.shard)
+        if self.replicate * shard != world_size:
+            raise ValueError(f"ParallelConfig: replicate={self.replicate} x shard={shard} = "
+                             f"{self.replicate * shard} ranks, but the world size is {world_size}")
+        if shard % self.ep:
+            raise ValueError(f"ParallelConfig.ep={self.ep} does not divide shard={shard} (expert parallelism "
+                             "runs inside one FSDP shard group)")
+        return ResolvedSizes(self.replicate, shard, shard // self.ep, self.ep)
+
+
+@dataclass(frozen=True)
+class ResolvedSizes:
+    replicate: int
+    shard: int
+    expert_fsdp: int
+    ep: int
+
+    @property
+    def world_size(self) -> int:
+        return self.replicate * self.shard
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"ParallelConfig.{name}={value!r}: must be an integer >= 1")

@@ -1,0 +1,79 @@
+"""HF checkpoints and a sharded model: load straight into the local shards, export consolidated weights.
+
+`load_hf_sharded` reads, for every state-dict key, only the slice this rank holds (safetensors slicing; for
+a fused expert tensor stored split, only the split tensors of the local experts), so a meta-initialised,
+sharded model never holds a full copy. `export_hf` gathers the full state dict (a collective: every rank
+calls it) and rank 0 writes the official split layout with `lumina.checkpoint.save_pretrained`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from lumina.checkpoint.layout import Whole, match_checkpoint
+from lumina.checkpoint.reader import HFCheckpoint
+from lumina.checkpoint.save import save_pretrained
+
+
+def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
+    """(the local data to fill, its global index box) of a plain tensor or DTensor."""
+    if not isinstance(tensor, DTensor):
+        return tensor.data, tuple(slice(0, n) for n in tensor.shape)
+    shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    local = tensor.to_local()
+    if tuple(local.shape) != tuple(shape):
+        raise RuntimeError(f"local shard {list(local.shape)} disagrees with the computed box {list(shape)}")
+    return local, tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+
+
+@torch.no_grad()
+def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
+    """Fill every persistent parameter/buffer of a (sharded or plain) model from HF directory `path`
+    (split, fused or mixed layout); values are cast to each tensor's dtype. Key/shape problems raise
+    CheckpointMismatchError before anything is read."""
+    checkpoint = HFCheckpoint(path)
+    state = model.state_dict()
+    expected = {key: tuple(t.shape) for key, t in state.items()}
+    sources = match_checkpoint(checkpoint.tensors, expected, where=str(path))
+    reads: dict[Path, list[tuple[str, torch.Tensor, tuple[slice, ...], int | None]]] = defaultdict(list)
+    for key, source in sources.items():
+        local, box = _local_box(state[key])
+        if isinstance(source, Whole):
+            reads[source.info.file].append((source.key, local, box, None))
+            continue
+        experts = box[0]
+        for e in range(experts.start, experts.stop):  # only the split tensors of the local experts
+            reads[source.infos[e].file].append((source.keys[e], local, box[1:], e - experts.start))
+    for file in checkpoint.files:
+        if reads[file]:
+            with safe_open(file, framework="pt") as handle:
+                for key, local, box, row in reads[file]:
+                    value = handle.get_slice(key)[box]
+                    (local if row is None else local[row]).copy_(value)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The consolidated state dict on CPU (a collective over the model's meshes; full on every rank)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                broadcast_from_rank0=False))
+
+
+def export_hf(model: nn.Module, directory: str | Path, *, layout: str = "split", dtype: str | None = None,
+              max_shard_size: str = "5GB", source_dir: str | Path | None = None) -> Path | None:
+    """Every rank gathers; rank 0 writes `directory` (returned there, None elsewhere)."""
+    state = full_state_dict(model)
+    is_zero = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if not is_zero:
+        return None
+    return save_pretrained(state, directory, config=model.config, layout=layout, dtype=dtype,
+                           max_shard_size=max_shard_size, source_dir=source_dir, overwrite=True)

@@ -1,0 +1,105 @@
+"""`parallelize`: apply the expert-parallel plan and FSDP2 to a `LuminaModel`, unit by unit.
+
+Units, bottom-up: each decoder layer (its MoE experts first, as their own FSDP group on the sparse mesh),
+each conditional module (embedding tables, heads), then the root. A unit still on the meta device is
+materialised and initialised (`reset_parameters`) just before it is sharded, so peak memory stays near one
+unsharded unit. Gradients are summed over ranks and divided by the world size in every group (the
+objective scales each rank's loss by world / N_global), so expert gradients, which already sum the tokens of
+every ep rank through the all-to-all, get the same global-token normalisation as the dense ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import DataParallelMeshDims
+
+from lumina.distributed.config import ParallelConfig
+from lumina.distributed.dispatcher import AllToAllDispatcher
+from lumina.distributed.mesh import Meshes
+from lumina.distributed.plan import PlanRule, expert_parameter_names, resolve_plan
+from lumina.distributed.sharded_experts import PROJECTIONS, ShardedGroupedExperts
+from lumina.model.experts import GroupedExperts
+from lumina.model.moe import MoE
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Parallelized:
+    """What `parallelize` did: the resolved plan and the FSDP units (dense and expert groups)."""
+
+    placements: dict[str, PlanRule]
+    dense_units: list[nn.Module] = field(default_factory=list)
+    expert_units: list[ShardedGroupedExperts] = field(default_factory=list)
+    dispatchers: list[object] = field(default_factory=list)
+
+
+def mixed_precision(config: ParallelConfig) -> MixedPrecisionPolicy:
+    param = DTYPES[config.param_dtype] if config.param_dtype else None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=DTYPES[config.reduce_dtype])
+
+
+def materialise(module: nn.Module, device: torch.device) -> None:
+    """Allocate every tensor of `module` still on meta and re-initialise its owner (`reset_parameters`)."""
+    for sub in module.modules():
+        own = [t for t in (*sub._parameters.values(), *sub._buffers.values()) if t is not None]
+        if any(t.is_meta for t in own):
+            sub.to_empty(device=device, recurse=False)
+            if hasattr(sub, "reset_parameters"):
+                sub.reset_parameters()
+
+
+def _shard(units: nn.Module | list[nn.Module], mesh, mp: MixedPrecisionPolicy, divide: int, shard_size: int,
+           **kwargs) -> None:
+    """fully_shard with gradients summed over the group and divided by `divide` exactly once."""
+    fully_shard(units, mesh=mesh, mp_policy=mp, **kwargs)
+    first = units[0] if isinstance(units, list) else units
+    assert isinstance(first, FSDPModule)
+    first.set_gradient_divide_factor(float(divide))
+    # SUM reductions with a separate division (no PREMUL_SUM, which gloo lacks). Not for a shard group of one:
+    # torch 2.13 then divides both in the copy and after it.
+    first.set_force_sum_reduction_for_comms(shard_size > 1)
+
+
+def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules: Sequence[PlanRule],
+                device: torch.device) -> Parallelized:
+    """Shard `model` (a LuminaModel, materialised or on meta) in place. Raises PlanError when the plan does
+    not fit the model (before anything is changed)."""
+    names = [n for n, _ in model.named_parameters()]
+    placements = resolve_plan(names, rules, expert_parameter_names(model, (GroupedExperts,)))
+    result = Parallelized(placements)
+    mp = mixed_precision(config)
+    world = meshes.sizes.world_size
+    ep_group = meshes.sparse.get_group("ep")
+    expert_dims = DataParallelMeshDims(shard="expert_fsdp", replicate="replicate")
+
+    for i, layer in enumerate(model.model.layers):
+        materialise(layer, device)
+        if isinstance(layer.mlp, MoE):
+            moe = layer.mlp
+            prefix = f"model.layers.{i}.mlp.experts."
+            dims = {p: placements[prefix + p].dim for p in PROJECTIONS}
+            sharded = ShardedGroupedExperts(moe.experts, meshes.sparse, "ep", dims)
+            moe.experts = sharded
+            if meshes.sizes.ep > 1:
+                moe.dispatcher = AllToAllDispatcher(ep_group, moe.num_experts)
+                result.dispatchers.append(moe.dispatcher)
+            _shard(sharded, meshes.sparse, mp, world, meshes.sizes.expert_fsdp, dp_mesh_dims=expert_dims)
+            result.expert_units.append(sharded)
+        _shard(layer, meshes.dense, mp, world, meshes.sizes.shard)
+        result.dense_units.append(layer)
+
+    for module in model.conditional_modules().values():
+        materialise(module, device)
+        units = list(module) if isinstance(module, nn.ModuleList) else module
+        _shard(units, meshes.dense, mp, world, meshes.sizes.shard)
+        result.dense_units.append(module)
+    materialise(model, device)
+    _shard(model, meshes.dense, mp, world, meshes.sizes.shard)
+    result.dense_units.append(model)
+    return result

@@ -1,0 +1,136 @@
+"""`FSDP2ExpertParallelStrategy`: Lightning's `ModelParallelStrategy` with lumina's meshes, parallel plan,
+expert-parallel dispatcher, FSDP2 units, mesh-aware gradient clipping and hang proofing.
+
+Flow: `setup_environment` starts the process group (with `timeout_s`) and builds both meshes; the
+LightningModule's `configure_model` builds the model (on meta when `materialises_model`); `setup` then
+checks the plan, shards unit by unit (materialising meta units as it goes), loads `init_from` straight into
+the shards, installs the participation check / routing replay, and hands over to Lightning (optimizers,
+DCP checkpointing). Every rank is a data-parallel rank (the DataModule deals packs over the whole world).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from torch import nn
+
+from lumina.distributed.config import ParallelConfig
+from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
+from lumina.distributed.hf import full_state_dict, load_hf_sharded
+from lumina.distributed.mesh import Meshes, build_meshes
+from lumina.distributed.parallelize import Parallelized, parallelize
+from lumina.distributed.participation import ParticipationTracker, detach_empty_outputs, tracked_modules
+from lumina.distributed.plan import PlanRule, parse_plan
+from lumina.distributed.recompute import RoutingReplay
+
+
+class MeshAwarePrecision(Precision):
+    """Full-precision plugin ("32-true"; mixed precision is FSDP2's MixedPrecisionPolicy) whose norm clipping
+    handles gradients on several meshes."""
+
+    def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: int | float) -> None:
+        clip_grad_norm(self.main_params(optimizer), float(clip_val))
+
+
+class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
+    """parallel: a ParallelConfig or its fields as a mapping (Hydra); plan: rules (None = the official
+    expert plan); save_distributed_checkpoint: DCP directory checkpoints (True) or one consolidated file."""
+
+    strategy_name = "fsdp2_ep"
+
+    def __init__(self, parallel: ParallelConfig | Mapping[str, Any] | None = None,
+                 plan: Sequence[PlanRule | Mapping | str] | None = None, save_distributed_checkpoint: bool = True,
+                 process_group_backend: str | None = None, **kwargs: Any) -> None:
+        if isinstance(parallel, Mapping):
+            parallel = ParallelConfig(**dict(parallel))
+        self.parallel = parallel or ParallelConfig()
+        self.rules = parse_plan(plan)
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend,
+                         timeout=timedelta(seconds=self.parallel.timeout_s), **kwargs)
+        self.meshes: Meshes | None = None
+        self.parallelized: Parallelized | None = None
+        self.participation: ParticipationTracker | None = None
+        self.replay: RoutingReplay | None = None
+        self.materialises_model = True  # LightningModules may build on meta and leave init to `setup`
+
+    # ---- process group and meshes ----
+    def setup_environment(self) -> None:
+        ParallelStrategy.setup_environment(self)
+        self._setup_distributed()
+        sizes = self.parallel.resolve(self.world_size)
+        self.meshes = build_meshes(sizes, self.root_device.type)
+        self._device_mesh = self.meshes.dense
+        self.lightning_module._device_mesh = self.meshes.dense
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    @property
+    def dp_process_group(self) -> dist.ProcessGroup | None:
+        """Every rank is a data-parallel rank: the default (world) group."""
+        return None
+
+    # ---- model ----
+    def setup(self, trainer: L.Trainer) -> None:
+        if type(self.precision_plugin) is not Precision:
+            raise ValueError(f"{type(self).__name__} needs trainer precision '32-true' (got "
+                             f"{type(self.precision_plugin).__name__}): mixed precision comes from "
+                             "strategy.parallel.param_dtype (FSDP2 MixedPrecisionPolicy), never also autocast")
+        self.precision_plugin = MeshAwarePrecision()
+        self._check_run_dirs(trainer)
+        module = self.lightning_module
+        model = getattr(module, "model", None)
+        if model is None:
+            raise TypeError(f"{type(self).__name__}: the LightningModule has no `model` after configure_model()")
+        self.parallelize_model(model, init_from=getattr(module, "init_from", None))
+        super().setup(trainer)
+
+    def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> Parallelized:
+        """Shard `model` in place (see module docstring); load `init_from` if the model arrived on meta."""
+        assert self.meshes is not None, "setup_environment() must run first"
+        on_meta = any(t.is_meta for t in model.parameters())
+        cfg = self.parallel
+        conditional = tracked_modules(model.conditional_modules())
+        if not cfg.conditional_rule:
+            detach_empty_outputs(conditional)  # before FSDP's hooks: the seed's behaviour, for tests
+        if cfg.activation_checkpointing:
+            model.model.gradient_checkpointing = True
+            self.replay = RoutingReplay(model)
+        self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
+        if on_meta and init_from is not None:
+            load_hf_sharded(model, init_from)
+        if cfg.participation_check:
+            self.participation = ParticipationTracker(model, conditional)
+        return self.parallelized
+
+    def _check_run_dirs(self, trainer: L.Trainer) -> None:
+        """Every rank must write under the same run directory (pin hydra.run.dir for multi-process runs)."""
+        dirs: list[Any] = [None] * self.world_size
+        dist.all_gather_object(dirs, str(trainer.default_root_dir))
+        if len(set(dirs)) > 1:
+            raise ValueError(f"ranks resolved different run directories {sorted(set(dirs))}; pin "
+                             "hydra.run.dir=<dir> on the command line of every rank")
+
+    # ---- backward ----
+    def pre_backward(self, closure_loss: torch.Tensor) -> None:
+        if self.participation is not None:
+            self.participation.check()
+
+    def grad_norm(self, parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+        """Total gradient 2-norm over both meshes (what clipping uses; equal on every rank)."""
+        return total_grad_norm(parameters)
+
+    # ---- export ----
+    def consolidated_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full weights on CPU (a collective: every rank must call it)."""
+        return full_state_dict(model)
