@@ -21,15 +21,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    from lumina.checkpoint import (
-        convert_checkpoint,  # after parsing: --help and usage errors skip the torch import
-    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # imported after parsing, so that --help and usage errors skip the torch import
+    from lumina.checkpoint import convert_checkpoint
 
-    out = convert_checkpoint(args.src, args.dst, layout=args.layout, dtype=args.dtype,
-                             max_shard_size=args.max_shard_size, overwrite=args.overwrite)
+    try:
+        out = convert_checkpoint(args.src, args.dst, layout=args.layout, dtype=args.dtype,
+                                 max_shard_size=args.max_shard_size, overwrite=args.overwrite)
+    except (ValueError, OSError) as err:  # bad checkpoint or arguments: the message names them
+        parser.exit(1, f"lumina-convert: error: {err}\n")
     print(f"wrote {args.layout} checkpoint to {out}")
-
 
 if __name__ == "__main__":
     main()

@@ -14,6 +14,7 @@ from checkpoint_helpers import assert_bit_equal, contract_keys, naive_fuse, read
 from safetensors.torch import save_file
 
 from lumina.checkpoint import CheckpointMismatchError, convert_checkpoint, save_pretrained
+from lumina.cli.convert import main
 from lumina.model import LuminaModel
 
 ASSETS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "merges.txt", "vocab.json",
@@ -96,3 +97,15 @@ def test_cli_round_trip(split_dir: Path, tmp_path: Path) -> None:
 def test_cli_rejects_unknown_layout(split_dir: Path, tmp_path: Path) -> None:
     done = run_cli(str(split_dir), str(tmp_path / "x"), "--layout", "stacked")
     assert done.returncode == 2 and "stacked" in done.stderr
+
+
+def test_cli_reports_bad_checkpoint(split_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    index_path = split_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["model.layers.1.mlp.experts.9.up_proj.weight"] = index["weight_map"]["model.norm.weight"]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(split_dir), str(tmp_path / "out"), "--layout", "fused"])
+    assert exit_info.value.code == 1
+    assert "'model.layers.1.mlp.experts.9.up_proj.weight' is listed in model.safetensors.index.json" in \
+        capsys.readouterr().err
