@@ -1,0 +1,81 @@
+"""What generation needs besides the weights: the text tokenizer, the special tokens, and (for the built-in
+world) the image tokenizer that turns codes into pixels and pixels into codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lumina.data.special_tokens import SpecialTokens
+from lumina.data.tokenizers.image_rvq import RVQImageTokenizer
+from lumina.data.tokenizers.text import HFTokenizer, TextTokenizer, WordTokenizer, special_tokens_of
+from lumina.model.config import LuminaConfig
+
+
+@dataclass
+class GenerationAssets:
+    """image_tokenizer: None when the checkpoint's codes need a decoder lumina does not have (AToken)."""
+
+    text_tokenizer: TextTokenizer
+    tokens: SpecialTokens
+    image_tokenizer: RVQImageTokenizer | None
+    name: str
+
+
+def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float32") -> nn.Module:
+    """An HF-layout checkpoint directory -> LuminaModel in eval mode on `device`, parameters in `dtype`."""
+    from lumina.training.model_factory import build_model
+
+    directory = Path(checkpoint)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint={str(checkpoint)!r}: no config.json there (expected an HF "
+                                "checkpoint directory, e.g. <run>/hf)")
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"dtype={dtype!r}: not a torch dtype name (float32, bfloat16, ...)")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        model = build_model(LuminaConfig.from_hf(directory), init_from=directory, device=device)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig) -> GenerationAssets:
+    """tokenizer: "world" (the built-in world tokenizers), a tokenizer.json path, or "auto" (the checkpoint's
+    tokenizer.json when it has one, else the built-in world)."""
+    directory = Path(checkpoint)
+    if tokenizer == "auto":
+        tokenizer = str(directory / "tokenizer.json") if (directory / "tokenizer.json").is_file() else "world"
+    if tokenizer == "world":
+        from lumina.data.world.dataset import (
+            cached_world_image_tokenizer,
+            world_special_tokens,
+            world_text_tokenizer,
+        )
+
+        text, image = world_text_tokenizer(), cached_world_image_tokenizer()
+        _check_fits(config, text.vocab_size, image.codebook_size, image.num_codebooks)
+        return GenerationAssets(text, world_special_tokens(text, image), image, "world")
+    path = Path(tokenizer)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer={tokenizer!r}: no such tokenizer file")
+    try:
+        text: TextTokenizer = WordTokenizer.load(path)
+    except ValueError:
+        text = HFTokenizer(path)
+    overrides = {} if "<|pad|>" in text.special_ids else {"pad": config.pad_token_id}
+    tokens = special_tokens_of(text, config.codebook_size, config.num_codebooks,
+                               image_vocab_size=config.image_vocab_size, **overrides)
+    return GenerationAssets(text, tokens, None, str(path))
+
+
+def _check_fits(config: LuminaConfig, vocab: int, codebook_size: int, num_codebooks: int) -> None:
+    if vocab > config.vocab_size or codebook_size > config.codebook_size or num_codebooks != config.num_codebooks:
+        raise ValueError(f"tokenizer=world does not fit the checkpoint: world vocab {vocab} / {num_codebooks} "
+                         f"codebooks of {codebook_size}, model vocab_size={config.vocab_size}, num_codebooks="
+                         f"{config.num_codebooks}, codebook_size={config.codebook_size}")

@@ -1,0 +1,197 @@
+"""`run(cfg)`: what `lumina-generate` does with a composed `conf/generate.yaml`.
+
+task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when the codes can be decoded (built-in
+                     tokenizer), else code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]};
+                     <out>/answers.jsonl lists every prompt and its file
+task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
+task=eval          -> the built-in world evaluation: <out>/eval.json + <out>/samples.png
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lumina.data.schema import Media, Part, Text
+from lumina.generation.assets import GenerationAssets, load_assets, load_model
+from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
+from lumina.generation.image import generate_images
+from lumina.generation.sequences import Prompt
+from lumina.generation.text import generate_text
+from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
+
+DEFAULT_GRID = (8, 8)  # the built-in world's 32 x 32 px images in 4 px patches
+TASKS = ("t2i", "edit", "understand", "text", "eval")
+
+
+def run(cfg: DictConfig) -> Path:
+    task = cfg.task
+    if task not in TASKS:
+        raise ValueError(f"task={task!r}: expected one of {TASKS}")
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = _device(cfg.device)
+    model = load_model(cfg.checkpoint, device=device, dtype=cfg.dtype)
+    assets = load_assets(cfg.checkpoint, cfg.tokenizer, model.config)
+    text_cfg = TextSamplingConfig(**_plain(cfg.text))
+    image_cfg = ImageSamplingConfig(**_plain(cfg.image))
+    if task == "eval":
+        return _run_eval(model, assets, cfg, text_cfg, image_cfg, out)
+    requests = read_prompts(cfg)
+    needs_image = task in ("edit",)
+    prompts = [_prompt(i, r, assets, cfg, needs_image, task in ("t2i", "edit")) for i, r in enumerate(requests)]
+    lines = []
+    if task in ("understand", "text"):
+        for r, answer in zip(requests, generate_text(model, prompts, assets.tokens, text_cfg), strict=True):
+            lines.append({**r, "answer": _decode(assets, answer.ids), "finished": answer.finished,
+                          "ids": answer.ids})
+    else:
+        answers = generate_images(model, prompts, assets.tokens, image_cfg)
+        pictures = []
+        for i, (r, answer) in enumerate(zip(requests, answers, strict=True)):
+            if assets.image_tokenizer is not None:
+                picture = assets.image_tokenizer.decode(answer.codes, *answer.grid)[0]
+                pictures.append(picture)
+                path = out / f"image_{i}.png"
+                save_png((picture + 1) / 2, path)
+            else:
+                path = out / f"code_{i}.pt"
+                torch.save(token_file(answer.codes, answer.grid), path)
+            lines.append({**r, "file": path.name, "grid": list(answer.grid)})
+        if pictures and len({p.shape for p in pictures}) == 1:
+            save_png(_row((torch.stack(pictures) + 1) / 2), out / "images.png")
+    answers_path = out / "answers.jsonl"
+    answers_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    print(f"lumina-generate: {task} on {len(lines)} prompt(s) -> {out}", flush=True)
+    return out
+
+
+def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, text_cfg: TextSamplingConfig,
+              image_cfg: ImageSamplingConfig, out: Path) -> Path:
+    if assets.name != "world":
+        raise ValueError(f"task=eval runs on the built-in world; the checkpoint uses tokenizer {assets.name!r}")
+    node = cfg.eval
+    edit_cfg = ImageSamplingConfig(**{**asdict(image_cfg), "cfg_scale": float(node.edit_cfg_scale)})
+    config = WorldEvalConfig(split=node.split, num_items=int(node.num_items), seed=int(node.seed),
+                             text=text_cfg, image=image_cfg, edit_image=edit_cfg)
+    result = evaluate_world(model, build_eval_set(config, assets.image_tokenizer), config)
+    (out / "eval.json").write_text(json.dumps({"metrics": result.metrics, "answers": result.answers},
+                                              indent=1) + "\n")
+    if result.grid is not None:
+        save_png(result.grid, out / "samples.png")
+    width = max(len(k) for k in result.metrics)
+    for name, value in result.metrics.items():
+        if not name.startswith("chance/"):
+            print(f"{name:<{width}}  {value:.3f}   (chance {result.metrics.get('chance/' + name, float('nan')):.3f})")
+    print(f"lumina-generate: eval on {config.split} ({config.num_items} items per task) -> {out}", flush=True)
+    return out
+
+
+# ---- prompts ----
+def read_prompts(cfg: DictConfig) -> list[dict[str, Any]]:
+    """cfg.prompts (inline strings) + cfg.prompts_file (lines of text, or JSONL objects {"prompt", "image"});
+    cfg.images gives inline prompts their images, in order."""
+    requests: list[dict[str, Any]] = []
+    images = list(cfg.get("images") or [])
+    for i, text in enumerate(cfg.get("prompts") or []):
+        requests.append({"prompt": str(text), "image": images[i] if i < len(images) else None})
+    if len(images) > len(cfg.get("prompts") or []):
+        raise ValueError(f"images has {len(images)} entries for {len(cfg.get('prompts') or [])} inline prompts")
+    if cfg.get("prompts_file"):
+        path = Path(cfg.prompts_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompts_file={str(path)!r}: no such file")
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                record = json.loads(line)
+                if "prompt" not in record:
+                    raise ValueError(f"{path}:{n}: a JSON line needs a 'prompt' key")
+                requests.append({"prompt": str(record["prompt"]), "image": record.get("image")})
+            else:
+                requests.append({"prompt": line.strip(), "image": None})
+    if not requests:
+        raise ValueError("no prompts: set prompts=[...] or prompts_file=PATH")
+    return requests
+
+
+def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: DictConfig, needs_image: bool,
+            image_answer: bool) -> Prompt:
+    parts: list[Part] = []
+    grid = None
+    if request.get("image") is not None:
+        media = load_image(request["image"], assets)
+        parts.append(media)
+        grid = tuple(media.grid)
+    elif needs_image:
+        raise ValueError(f"prompt {index} ({request['prompt']!r}): task=edit needs an image (images=[...] or "
+                         "an 'image' key in prompts_file)")
+    parts.append(Text(assets.text_tokenizer.encode(request["prompt"])))
+    if image_answer:
+        grid = tuple(int(g) for g in cfg.grid) if cfg.get("grid") else grid or DEFAULT_GRID
+    system = assets.text_tokenizer.encode(cfg.system) if cfg.get("system") else None
+    return Prompt(parts, system=system, key=index, grid=grid if image_answer else None)
+
+
+def load_image(path: str, assets: GenerationAssets) -> Media:
+    """A token file (.pt: {"indices": [N, C], "coords": [N, 4 or 5]}, rows/cols from the coords) or, with the
+    built-in tokenizer, a PNG/JPEG (resized to 32 x 32) -> Media."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"image {path!r}: no such file")
+    if file.suffix == ".pt":
+        data = torch.load(file, map_location="cpu")
+        indices, coords = data["indices"].long(), data["coords"].long()
+        h, w = int(coords[:, -3].max()) + 1, int(coords[:, -2].max()) + 1
+        return Media("image", indices, (h, w))
+    if assets.image_tokenizer is None:
+        raise ValueError(f"image {path!r}: pixels need the built-in image tokenizer; pass a token file (.pt)")
+    import numpy as np
+    from PIL import Image
+
+    from lumina.data.world.scene import IMAGE_SIZE
+
+    picture = Image.open(file).convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.LANCZOS)
+    pixels = torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1).float() / 127.5 - 1
+    codes = assets.image_tokenizer.encode(pixels[None])[0]
+    side = IMAGE_SIZE // assets.image_tokenizer.patch_size
+    return Media("image", codes, (side, side))
+
+
+def token_file(codes: torch.Tensor, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The official token-file dict: indices [N, C], coords (0, 0, row, col, 0) in row-major order."""
+    h, w = grid
+    rows = torch.arange(h).repeat_interleave(w)
+    cols = torch.arange(w).repeat(h)
+    zeros = torch.zeros(h * w, dtype=torch.long)
+    return {"indices": codes.long(), "coords": torch.stack([zeros, zeros, rows, cols, zeros], dim=1)}
+
+
+def _decode(assets: GenerationAssets, ids: list[int]) -> str:
+    vocab = assets.text_tokenizer.vocab_size
+    return assets.text_tokenizer.decode([i for i in ids if 0 <= i < vocab], skip_special_tokens=True)
+
+
+def _row(images: torch.Tensor, gap: int = 2) -> torch.Tensor:
+    """[N, 3, H, W] -> [3, H, N * (W + gap)] side by side."""
+    n, _, h, w = images.shape
+    canvas = torch.full((3, h, n * (w + gap)), 0.5)
+    for i in range(n):
+        canvas[:, :, i * (w + gap):i * (w + gap) + w] = images[i]
+    return canvas
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
