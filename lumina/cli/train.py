@@ -38,6 +38,13 @@ def main() -> None:
     def _app(cfg: DictConfig) -> None:
         run(cfg)
 
+    from lumina.distributed.launch import rank_overrides
+
+    try:
+        sys.argv += rank_overrides(sys.argv[1:])  # one rank of a torchrun / srun job: pinned dir, rank-0 artefacts
+    except ValueError as error:
+        print(f"lumina-train: error: {error}", file=sys.stderr)
+        sys.exit(2)
     full_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us instead of Hydra's multi-line report
     try:

@@ -119,9 +119,9 @@ def resume_path(cfg: DictConfig, callback_list: list[L.Callback]) -> str | None:
         for callback in callback_list:
             if isinstance(callback, L.pytorch.callbacks.ModelCheckpoint) and callback.dirpath:
                 last = Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-                if last.is_file():
+                if last.exists():  # a file, or a directory (distributed checkpoint)
                     return str(last)
         return None
-    if not Path(ckpt_path).is_file():
+    if not Path(ckpt_path).exists():
         raise ConfigError(f"ckpt_path={ckpt_path!r}: no such checkpoint file")
     return str(ckpt_path)

@@ -20,9 +20,12 @@ class HFExportCallback(L.Callback):
         self.exported: Path | None = None
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        gather = getattr(trainer.strategy, "consolidated_state_dict", None)  # sharded: every rank joins
+        weights = gather(pl_module.model) if gather is not None else pl_module.model
         if not trainer.is_global_zero:
             return
         source_dir = getattr(pl_module, "init_from", None)
-        self.exported = save_pretrained(pl_module.model, self.dirpath, layout=self.layout, dtype=self.dtype,
+        self.exported = save_pretrained(weights, self.dirpath, config=pl_module.model.config, layout=self.layout,
+                                        dtype=self.dtype,
                                         max_shard_size=self.max_shard_size, source_dir=source_dir,
                                         overwrite=True)

@@ -1,0 +1,47 @@
+"""Launching lumina-train as one rank of a distributed job (torchrun, SLURM srun, submitit).
+
+`rank_overrides` is applied by the CLI before Hydra starts: in a multi-process job every rank must be told
+the same `hydra.run.dir` (Hydra's default contains the launch time, which differs between ranks), Hydra
+multirun is refused (sweeps of distributed jobs go through the submitit launcher, one job per point), and
+only rank 0 writes Hydra's run artefacts (`.hydra/` and the job log). `cluster_environment` resolves the
+submitit / Lightning clash over SLURM preemption: under submitit, submitit handles the signal and requeues
+(the run resumes from `ckpt_path=last` in the same run directory), so Lightning's own auto-requeue is off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
+
+
+def launch_rank(env: Mapping[str, str] = os.environ) -> int:
+    return int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+
+
+def launch_world_size(env: Mapping[str, str] = os.environ) -> int:
+    return int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+
+
+def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
+    """Extra Hydra overrides for this process (empty for a single-process run). Raises ValueError for a
+    multi-process launch without a pinned run directory or with --multirun."""
+    if launch_world_size(env) <= 1:
+        return []
+    if any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=MULTIRUN") for arg in argv):
+        raise ValueError("Hydra multirun inside a distributed job would start one sweep per rank; launch each "
+                         "sweep point as its own distributed job (hydra/launcher=slurm_ddp)")
+    if not any(arg.startswith("hydra.run.dir=") for arg in argv):
+        raise ValueError(f"this is rank {launch_rank(env)} of {launch_world_size(env)}: pin hydra.run.dir=<dir> "
+                         "so that every rank resolves the same run directory")
+    if launch_rank(env) != 0:
+        return ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    return []
+
+
+def cluster_environment(env: Mapping[str, str] = os.environ) -> ClusterEnvironment | None:
+    """SLURM without Lightning's requeue handler under submitit; None = let Lightning detect it."""
+    if "SUBMITIT_EXECUTOR" in env and SLURMEnvironment.detect():
+        return SLURMEnvironment(auto_requeue=False)
+    return None
