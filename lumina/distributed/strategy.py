@@ -25,6 +25,7 @@ from torch import nn
 from lumina.distributed.config import ParallelConfig
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import full_state_dict, load_hf_sharded
+from lumina.distributed.launch import cluster_environment
 from lumina.distributed.mesh import Meshes, build_meshes
 from lumina.distributed.parallelize import Parallelized, parallelize
 from lumina.distributed.participation import ParticipationTracker, detach_empty_outputs, tracked_modules
@@ -61,6 +62,9 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         self.participation: ParticipationTracker | None = None
         self.replay: RoutingReplay | None = None
         self.materialises_model = True  # LightningModules may build on meta and leave init to `setup`
+        environment = cluster_environment()
+        if environment is not None:  # under submitit: submitit owns preemption / requeue
+            self.cluster_environment = environment
 
     # ---- process group and meshes ----
     def setup_environment(self) -> None:
