@@ -1,0 +1,81 @@
+"""End to end: a 2-step `lumina-train` (with the generation-eval callback at the end), then `lumina-generate`
+task=t2i, task=understand and task=eval on its HF export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from lumina.data.world.scene import ObjectSpec, render
+from lumina.generation.world_eval import save_png
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
+
+
+def _run(args: list[str], cwd) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", args[0], *args[1:]], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+TRAIN = "from lumina.cli.train import main; main()"
+GENERATE = "from lumina.cli.generate import main; main()"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("train")
+    _run([TRAIN, "experiment=debug", "trainer.max_steps=2", "logger=none", "callbacks.progress_bar=null",
+          "callbacks.expert_usage=null", "trainer.enable_model_summary=false", "data.sources.0.options.num_samples=40",
+          "data.sources.0.options.val_samples=8",
+          "+callbacks.generation_eval._target_=lumina.training.evaluation.GenerationEvalCallback",
+          f"+callbacks.generation_eval.dirpath={run_dir}/eval", "+callbacks.generation_eval.num_items=1",
+          "+callbacks.generation_eval.image_steps=2", "+callbacks.generation_eval.text_block=4",
+          "+callbacks.generation_eval.text_steps=2", f"hydra.run.dir={run_dir}"], cwd=run_dir)
+    return run_dir
+
+
+def test_training_ran_the_evaluation_callback(trained):
+    report = json.loads((trained / "eval" / "step000002.json").read_text())
+    assert report["step"] == 2
+    for name in ("understand_acc", "text_qa_acc", "t2i_score", "edit_score", "edit_changed"):
+        assert 0.0 <= report["metrics"][name] <= 1.0 and f"chance/{name}" in report["metrics"]
+    assert Image.open(trained / "eval" / "step000002.png").size == (3 * 130, 2 * 130)  # t2i row + edit row
+
+
+def test_generate_t2i(trained, tmp_path):
+    out = tmp_path / "t2i"
+    _run([GENERATE, "task=t2i", f"checkpoint={trained}/hf",
+          'prompts=["draw a large red circle at the top left .","draw a small blue square at the middle center ."]',
+          "image.steps=3", f"hydra.run.dir={out}"], cwd=tmp_path)
+    lines = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    assert [line["file"] for line in lines] == ["image_0.png", "image_1.png"]
+    assert Image.open(out / "image_0.png").size == (32, 32)
+    assert Image.open(out / "images.png").size == (2 * 34, 32)
+
+
+def test_generate_understand(trained, tmp_path):
+    picture = tmp_path / "red.png"
+    save_png((render(ObjectSpec("circle", "red", "large", "top left")) + 1) / 2, picture)
+    out = tmp_path / "understand"
+    _run([GENERATE, "task=understand", f"checkpoint={trained}/hf",
+          'prompts=["describe the image .","what colour is the shape ?"]', f"images=[{picture},{picture}]",
+          "text.gen_length=8", "text.block_length=4", "text.steps=2", f"hydra.run.dir={out}"], cwd=tmp_path)
+    lines = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    assert [line["prompt"] for line in lines] == ["describe the image .", "what colour is the shape ?"]
+    for line in lines:
+        assert isinstance(line["answer"], str) and len(line["ids"]) <= 8 and line["image"] == str(picture)
+
+
+def test_generate_reports_bad_input_in_one_line(trained, tmp_path):
+    done = subprocess.run([sys.executable, "-c", GENERATE, "task=t2i", f"checkpoint={trained}/hf",
+                           'prompts=["draw a purple thing"]', f"hydra.run.dir={tmp_path}/bad"], cwd=tmp_path,
+                          env={**ENV, "HYDRA_FULL_ERROR": "0"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "'purple' is not in the vocabulary" in done.stderr
