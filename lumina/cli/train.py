@@ -32,11 +32,18 @@ def main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from lumina.training.run import run
+    failures: list[BaseException] = []  # configuration errors of the jobs (one per job in a multirun)
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _app(cfg: DictConfig) -> None:
-        run(cfg)
+        from lumina.training.run import run
+
+        try:
+            run(cfg)
+        except config_errors() as error:
+            if full_traceback:
+                raise
+            failures.append(error)  # reported below; Hydra would log a multi-line report
 
     from lumina.distributed.launch import rank_overrides
 
@@ -46,15 +53,17 @@ def main() -> None:
         print(f"lumina-train: error: {error}", file=sys.stderr)
         sys.exit(2)
     full_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach us instead of Hydra's multi-line report
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let composition errors reach us instead of Hydra's report
     try:
         _app()
     except config_errors() as error:
         if full_traceback:
             raise
+        failures.append(error)
+    for error in failures:
         print(f"lumina-train: error: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+    if failures:
         sys.exit(2)
-
 
 if __name__ == "__main__":
     main()

@@ -28,8 +28,14 @@ def plain(node: Any) -> Any:
 
 
 def check_requirements(cfg: DictConfig) -> None:
+    """Checks that need no model or data: a GPU when the config asks for one, a learning-rate horizon."""
     if cfg.get("requires_cuda", False) and not torch.cuda.is_available():
         raise ConfigError("requires_cuda=true: this configuration needs a CUDA GPU and none is visible")
+    max_steps = cfg.trainer.get("max_steps", -1)
+    if cfg.optim.get("decay_steps") is None and not cfg.trainer.get("fast_dev_run") and \
+            (max_steps is None or max_steps < 1):
+        raise ConfigError(f"trainer.max_steps={max_steps}: must be >= 1 (it sets the cosine horizon; or set "
+                          "optim.decay_steps)")
 
 
 def model_config(cfg: DictConfig) -> LuminaConfig:

@@ -26,6 +26,8 @@ class RunOutputs:
     hf_export: Path | None = None
     tensorboard: Path | None = None
     heatmap: Path | None = None
+    module: L.LightningModule | None = None
+    trainer: L.Trainer | None = None
 
 
 def run(cfg: DictConfig) -> RunOutputs:
@@ -48,9 +50,9 @@ def run(cfg: DictConfig) -> RunOutputs:
 
 def collect_outputs(trainer: L.Trainer, module, output_dir: Path, wall_s: float) -> RunOutputs:
     outputs = RunOutputs(output_dir=output_dir, steps=trainer.global_step, wall_s=wall_s,
-                         losses=list(module.loss_history))
+                         losses=list(module.loss_history), module=module, trainer=trainer)
     for callback in trainer.callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
+        if isinstance(callback, ModelCheckpoint) and Path(callback.last_model_path or "").is_file():
             outputs.checkpoint = Path(callback.last_model_path)
         elif isinstance(callback, HFExportCallback):
             outputs.hf_export = callback.exported

@@ -1,0 +1,72 @@
+"""A fast_dev_run of every experiment config through the Hydra compose API and the `run(cfg)` the CLI
+calls; configs marked `requires_cuda` are skipped off-GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONF_DIR, compose_train, quiet, small_data
+from safetensors import safe_open
+
+from lumina.checkpoint import save_pretrained
+from lumina.data.world import world_text_tokenizer
+from lumina.model import LuminaConfig, LuminaModel
+from lumina.training.run import run
+
+EXPERIMENTS = sorted(
+    str(p.relative_to(CONF_DIR / "experiment").with_suffix(""))
+    for p in (CONF_DIR / "experiment").rglob("*.yaml") if p.name != "base.yaml")
+
+
+def test_the_experiment_list_covers_the_ablations():
+    assert {"debug", "finetune", "ablation/attn_sdpa_dense", "ablation/attn_segmented", "ablation/balance_aux",
+            "ablation/balance_bias", "ablation/text_weight_none", "ablation/text_weight_inverse_t",
+            "flex", "flash_attn"} <= set(EXPERIMENTS)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    """An HF checkpoint of a tiny model with the built-in world's tokenizer.json (what finetune loads)."""
+    directory = tmp_path_factory.mktemp("hf_source")
+    torch.manual_seed(0)
+    save_pretrained(LuminaModel(LuminaConfig.tiny()), directory)
+    world_text_tokenizer().save(directory / "tokenizer.json")
+    return directory
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_fast_dev_run(experiment, tmp_path, hf_dir):
+    extra = [f"model.init_from={hf_dir}", f"data.tokenizer={hf_dir}/tokenizer.json"] \
+        if experiment == "finetune" else []
+    cfg = compose_train([f"experiment={experiment}", "trainer.fast_dev_run=true", *quiet(tmp_path),
+                         *small_data(), *extra])
+    if cfg.requires_cuda and not torch.cuda.is_available():
+        pytest.skip(f"experiment={experiment} needs CUDA")
+    outputs = run(cfg)
+    assert outputs.steps == 1
+    assert len(outputs.losses) == 1 and torch.isfinite(torch.tensor(outputs.losses[0]))
+    # the HF export holds the split layout the official loader reads
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert any(".mlp.experts.0.gate_proj.weight" in k for k in index["weight_map"])
+    if experiment == "finetune":
+        assert (tmp_path / "hf" / "tokenizer.json").is_file()
+        # training started from the loaded weights: the frozen-in-time reference is the source checkpoint
+        source = json.loads((hf_dir / "config.json").read_text())
+        exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+        assert exported["hidden_size"] == source["hidden_size"] == LuminaConfig.tiny().hidden_size
+
+
+def test_finetune_starts_from_the_checkpoint_weights(tmp_path, hf_dir):
+    """With lr 0 the exported weights equal the loaded ones exactly."""
+    cfg = compose_train(["experiment=finetune", "trainer.fast_dev_run=true", *quiet(tmp_path), *small_data(),
+                         f"model.init_from={hf_dir}", f"data.tokenizer={hf_dir}/tokenizer.json",
+                         "optim.lr=1e-30", "optim.warmup_steps=0"])
+    run(cfg)
+    shard = next((hf_dir).glob("model-*.safetensors"))
+    out_shard = next((tmp_path / "hf").glob("model-*.safetensors"))
+    with safe_open(shard, "pt") as a, safe_open(out_shard, "pt") as b:
+        key = "model.word_embeddings.weight"
+        assert torch.allclose(a.get_tensor(key), b.get_tensor(key), atol=1e-12, rtol=0)
