@@ -8,7 +8,8 @@ bytes. Methods:
   stream_meta          `load_pretrained`: meta-initialised model, shard-by-shard assignment (lumina)
   stream_materialised  built model (random init) + `load_hf_state_dict_into` (in-place copy, lumina)
   naive                built model + read every shard with `load_file`, stack the experts, `load_state_dict`
-The ideal is 1.0 (one copy of the weights).
+  convert_fused        `convert_checkpoint` split -> fused into a temporary directory (no model at all)
+The ideal for loading is 1.0 (one copy of the weights); conversion should hold about one output shard.
 """
 
 from __future__ import annotations
@@ -29,8 +30,16 @@ def current_rss_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
 
 
+def reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def worker(method: str, directory: Path) -> None:
@@ -48,7 +57,15 @@ def worker(method: str, directory: Path) -> None:
     LuminaModel(config.tiny())  # warm-up: first construction loads code and kernels (~70 MB, size-independent)
     with torch.device("meta"):
         LuminaModel(config.tiny())
+    reset_peak_rss()  # the warm-up's own transient peak must not count
     before = current_rss_bytes()
+    if method == "convert_fused":
+        from lumina.checkpoint import convert_checkpoint
+
+        with tempfile.TemporaryDirectory() as out:
+            convert_checkpoint(directory, out, layout="fused", max_shard_size="64MB")
+        print(json.dumps({"extra_peak": peak_rss_bytes() - before}))
+        return
     if method == "stream_meta":
         model = load_pretrained(directory)
     else:
@@ -99,7 +116,7 @@ def main() -> None:
         del model
         print(f"checkpoint: {ckpt_bytes / 2**20:.0f} MiB in {len(list(directory.glob('*.safetensors')))} shards "
               f"(hidden {args.hidden}, {args.experts} experts, {args.layers} layers, fp32)")
-        for method in ("stream_meta", "stream_materialised", "naive"):
+        for method in ("stream_meta", "stream_materialised", "naive", "convert_fused"):
             ratios = []
             for _ in range(args.reps):
                 done = subprocess.run([sys.executable, __file__, "--worker", method, str(directory)],

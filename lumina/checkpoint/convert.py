@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -38,33 +39,47 @@ def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split
     sources = match_checkpoint(checkpoint.tensors, expected, where=str(src))
     entries = [(key, shape, _source_dtype(sources[key])) for key, shape in expected.items()]
     directory = prepare_directory(dst, overwrite)
-    with ExitStack() as stack:
-        handles: dict[Path, object] = {}
-
-        def handle(file: Path):
-            if file not in handles:
-                handles[file] = stack.enter_context(safe_open(file, framework="pt"))
-            return handles[file]
-
+    files = _OpenFiles()
+    try:
         def fetch(key: str, expert: int | None) -> torch.Tensor:
             source = sources[key]
             if isinstance(source, Whole):
-                opened = handle(source.info.file)
+                opened = files(source.info.file)
                 return opened.get_tensor(source.key) if expert is None else opened.get_slice(source.key)[expert]
             if expert is not None:
-                return handle(source.infos[expert].file).get_tensor(source.keys[expert])
+                return files(source.infos[expert].file).get_tensor(source.keys[expert])
             fused = torch.empty(expected[key], dtype=source.infos[0].dtype)
             for e, (split_key, info) in enumerate(zip(source.keys, source.infos, strict=True)):
-                fused[e].copy_(handle(info.file).get_tensor(split_key))
+                fused[e].copy_(files(info.file).get_tensor(split_key))
             return fused
 
-        write_shards(directory, export_plan(entries, fetch, layout, out_dtype), shard_bytes)
+        write_shards(directory, export_plan(entries, fetch, layout, out_dtype), shard_bytes, after_shard=files.close)
+    finally:
+        files.close()
     changes = {"model_type": MODEL_TYPE_OF_LAYOUT[layout]}
     if out_dtype is not None:
         changes["torch_dtype"] = dtype_name(out_dtype)
     config.save_hf(directory, **changes)
     copy_assets(src, directory)
     return directory
+
+
+class _OpenFiles:
+    """safe_open handles, opened on demand and closed together after each written shard: a handle maps its
+    whole file, and pages read through it stay resident until it closes."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+
+    def __call__(self, file: Path) -> Any:
+        if file not in self._handles:
+            self._handles[file] = self._stack.enter_context(safe_open(file, framework="pt"))
+        return self._handles[file]
+
+    def close(self) -> None:
+        self._stack.close()
+        self._stack, self._handles = ExitStack(), {}
 
 
 def _source_dtype(source: Source) -> torch.dtype:

@@ -60,9 +60,11 @@ def check_state_dict(state: Mapping[str, torch.Tensor], config: LuminaConfig) ->
     unexpected = [k for k in state if k not in expected]
     mis_shaped = [f"{k}: state dict {list(state[k].shape)}, expected {list(expected[k])}"
                   for k in expected if k in state and tuple(state[k].shape) != expected[k]]
-    on_meta = [f"{k} is on the meta device (no data to save)" for k, t in state.items() if t.is_meta]
-    if missing or unexpected or mis_shaped or on_meta:
-        raise CheckpointMismatchError("state dict to save", missing, unexpected, mis_shaped, on_meta)
+    if missing or unexpected or mis_shaped:
+        raise CheckpointMismatchError("state dict to save", missing, unexpected, mis_shaped, [])
+    on_meta = [k for k, t in state.items() if t.is_meta]
+    if on_meta:
+        raise ValueError(f"cannot save tensors on the meta device (they hold no data): {', '.join(on_meta)}")
 
 
 def save_pretrained(model: nn.Module | Mapping[str, torch.Tensor], directory: str | Path, *,

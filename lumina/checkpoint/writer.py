@@ -134,9 +134,11 @@ def prepare_directory(directory: str | Path, overwrite: bool) -> Path:
     return directory
 
 
-def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_size: int | str) -> dict:
+def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_size: int | str,
+                 after_shard: Callable[[], None] | None = None) -> dict:
     """Write `plan` as `model-0000i-of-0000N.safetensors` + index into an existing directory; returns the
-    index dict. Every tensor is checked against its planned shape."""
+    index dict. Every tensor is checked against its planned shape. `after_shard()` runs after each shard
+    is written (e.g. to release source files)."""
     directory = Path(directory)
     names = [p.name for p in plan]
     if len(set(names)) != len(names):
@@ -154,7 +156,9 @@ def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_siz
             tensors[item.name] = tensor.to(device="cpu", dtype=item.dtype).contiguous()
             weight_map[item.name] = file_name
         save_file(tensors, directory / file_name, metadata={"format": "pt"})
-        del tensors
+        del tensors, tensor
+        if after_shard is not None:
+            after_shard()
     index = {"metadata": {"total_size": sum(p.nbytes for p in plan)},
              "weight_map": dict(sorted(weight_map.items()))}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -188,3 +188,11 @@ def test_split_export_passes_the_official_layout_check(fp32_model: LuminaModel, 
     assert sum(bool(split_key.search(k)) for k in split) == 2 * 8 * 3  # 2 MoE layers x 8 experts x 3
     fused = index_keys(save_pretrained(fp32_model, tmp_path / "fused", layout="fused"))
     assert sum(bool(fused_key.search(k)) for k in fused) == 2 * 3
+
+
+def test_meta_model_cannot_be_saved(tiny_config: LuminaConfig, tmp_path: Path) -> None:
+    with torch.device("meta"):
+        model = LuminaModel(tiny_config)
+    with pytest.raises(ValueError, match=r"meta device .*model\.word_embeddings\.weight"):
+        save_pretrained(model, tmp_path)
+    assert not list(tmp_path.glob("*"))
