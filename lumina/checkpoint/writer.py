@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,26 +141,31 @@ def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_siz
     index dict. Every tensor is checked against its planned shape. `after_shard()` runs after each shard
     is written (e.g. to release source files)."""
     directory = Path(directory)
+    if not plan:
+        raise ValueError("export plan is empty: nothing to write")
     names = [p.name for p in plan]
     if len(set(names)) != len(names):
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
         raise ValueError(f"export plan names these tensors twice: {duplicates}")
     shards = assign_shards(plan, parse_size(max_shard_size))
     weight_map: dict[str, str] = {}
     for number, shard in enumerate(shards, start=1):
         file_name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        tensors: dict[str, torch.Tensor] = {}
-        for item in shard:
-            tensor = item.load().detach()
-            if tuple(tensor.shape) != item.shape:
-                raise ValueError(f"{item.name}: produced shape {list(tensor.shape)}, planned {list(item.shape)}")
-            tensors[item.name] = tensor.to(device="cpu", dtype=item.dtype).contiguous()
-            weight_map[item.name] = file_name
+        tensors = {item.name: _produce(item) for item in shard}
+        weight_map.update(dict.fromkeys(tensors, file_name))
         save_file(tensors, directory / file_name, metadata={"format": "pt"})
-        del tensors, tensor
+        del tensors
         if after_shard is not None:
             after_shard()
     index = {"metadata": {"total_size": sum(p.nbytes for p in plan)},
              "weight_map": dict(sorted(weight_map.items()))}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return index
+
+
+def _produce(item: PlannedTensor) -> torch.Tensor:
+    """The planned tensor, checked against its planned shape, as a contiguous CPU tensor of the planned dtype."""
+    tensor = item.load().detach()
+    if tuple(tensor.shape) != item.shape:
+        raise ValueError(f"{item.name}: produced shape {list(tensor.shape)}, planned {list(item.shape)}")
+    return tensor.to(device="cpu", dtype=item.dtype).contiguous()
