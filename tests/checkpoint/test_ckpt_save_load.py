@@ -12,7 +12,8 @@ from checkpoint_helpers import assert_bit_equal, contract_keys, naive_fuse, read
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lumina.checkpoint import load_pretrained, parse_size, save_pretrained
+from lumina.checkpoint import PlannedTensor, load_pretrained, parse_size, save_pretrained
+from lumina.checkpoint.writer import write_shards
 from lumina.model import LuminaConfig, LuminaModel
 
 
@@ -196,3 +197,20 @@ def test_meta_model_cannot_be_saved(tiny_config: LuminaConfig, tmp_path: Path) -
     with pytest.raises(ValueError, match=r"meta device .*model\.word_embeddings\.weight"):
         save_pretrained(model, tmp_path)
     assert not list(tmp_path.glob("*"))
+
+
+def test_writer_guards(tmp_path: Path) -> None:
+    def planned(name: str, shape: tuple[int, ...], produced: torch.Tensor) -> PlannedTensor:
+        return PlannedTensor(name, shape, torch.float32, lambda: produced)
+
+    with pytest.raises(ValueError, match=r"lm_head\.weight: produced shape \[3\], planned \[2\]"):
+        write_shards(tmp_path, [planned("lm_head.weight", (2,), torch.zeros(3))], "1MB")
+    with pytest.raises(ValueError, match=r"twice: \['a'\]"):
+        write_shards(tmp_path, [planned("a", (1,), torch.zeros(1))] * 2 + [planned("b", (1,), torch.zeros(1))], "1MB")
+    # 3 tensors of 400 bytes with a 1000-byte limit: shards [a, b] and [c]
+    index = write_shards(tmp_path, [planned(n, (100,), torch.full((100,), float(i))) for i, n in enumerate("abc")],
+                         1000)
+    assert index == {"metadata": {"total_size": 1200},
+                     "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+                                    "c": "model-00002-of-00002.safetensors"}}
+    assert torch.equal(read_dir(tmp_path)["c"], torch.full((100,), 2.0))
