@@ -207,16 +207,24 @@ class LuminaModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- exact resume: RNG state travels with the checkpoint ----
+    # (stored as tensors and plain Python values so that torch.load(weights_only=True) reads them)
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["lumina_rng"] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                                    "python": random.getstate()}
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        checkpoint["lumina_rng"] = {
+            "torch": torch.get_rng_state(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
+            "python": random.getstate(),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lumina_rng")
-        if state is not None:
-            torch.set_rng_state(state["torch"])
-            np.random.set_state(state["numpy"])
-            random.setstate(state["python"])
+        if state is None:
+            return
+        torch.set_rng_state(state["torch"])
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+        random.setstate(state["python"])
 
 
 def _plain(config: Any) -> dict[str, Any]:
