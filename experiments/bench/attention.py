@@ -7,6 +7,19 @@ Packs: 16 equal segments, and a realistic length mix; each with block-diffusion 
 clean prompt turn, noisy answer blocks, clean answer memory) and plain bidirectional. Timings are medians of
 --reps runs after one warm-up, backends interleaved rep by rep in the same process. flex has no backward on CPU,
 so there it is timed forward-only (under no_grad) next to the forward-only figures of the others.
+
+Recorded 2026-11-29 (torch 2.13 CPU, `--threads 1 --reps 5`; 2 cores shared with other jobs, so one
+thread; 16/4 heads, head dim 128, fp32, S = 4096). Speed-up over sdpa_dense (median s of sdpa_dense):
+
+| pack | ideal | segmented fwd+bwd | segmented fwd | flex fwd |
+|---|---|---|---|---|
+| 16 equal, block-diffusion rules | 16.00x | 12.92x (23.09 s) | 15.91x (6.56 s) | 7.89x |
+| length mix, block-diffusion rules | 5.99x | 6.04x (22.55 s) | 5.49x (5.93 s) | 3.21x |
+| 16 equal, plain | 16.00x | 12.67x (20.33 s) | 17.77x (4.81 s) | 11.54x |
+| length mix, plain | 5.99x | 6.09x (17.43 s) | 5.54x (4.75 s) | 3.00x |
+
+Mask memory at S = 16384 (fp32): sdpa_dense 1024 MiB; segmented 64.0 MiB (16 equal, = sum(L^2)/S^2 =
+0.0625) and 171.0 MiB (mix, 0.167); flex 1.0 MiB (block tables + per-token vectors, 0.001 of dense).
 """
 
 from __future__ import annotations
