@@ -24,9 +24,42 @@ class MoEDispatcher(Protocol):
     def combine(self, y_local: torch.Tensor, topk_weights: torch.Tensor, ctx: Any) -> torch.Tensor: ...
 
 
+class _GatherCopies(torch.autograd.Function):
+    """x [T, H] -> x[order // k] [T * k, H]. Backward gathers with the inverse permutation and sums the k
+    copies of each token (no scatter-add)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor,  # noqa: ANN001
+                top_k: int) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.top_k = top_k
+        return x.index_select(0, order // top_k)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        (inverse,) = ctx.saved_tensors
+        per_copy = grad.index_select(0, inverse)
+        return per_copy.view(-1, ctx.top_k, per_copy.shape[-1]).sum(1), None, None, None
+
+
+class _Permute(torch.autograd.Function):
+    """y [N, H] -> y[index] for a permutation `index`; backward gathers with its inverse (no scatter)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(inverse)
+        return y.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
 @dataclass
 class _LocalContext:
-    inverse: torch.Tensor  # [T * k]: position of each (token, slot) copy in the expert-grouped order
+    order: torch.Tensor  # [T * k]: (token, slot) copy at each expert-grouped position
+    inverse: torch.Tensor  # [T * k]: expert-grouped position of each (token, slot) copy
     num_tokens: int
     top_k: int
 
@@ -42,9 +75,10 @@ class LocalDispatcher:
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         tokens_per_expert = torch.bincount(flat, minlength=num_experts)
-        return x[order // top_k], tokens_per_expert, _LocalContext(inverse, num_tokens, top_k)
+        x_local = _GatherCopies.apply(x, order, inverse, top_k)
+        return x_local, tokens_per_expert, _LocalContext(order, inverse, num_tokens, top_k)
 
     def combine(self, y_local: torch.Tensor, topk_weights: torch.Tensor, ctx: _LocalContext) -> torch.Tensor:
-        per_copy = y_local[ctx.inverse].view(ctx.num_tokens, ctx.top_k, -1)  # [T, k, H] in (token, slot) order
-        out = (per_copy.float() * topk_weights.float().unsqueeze(-1)).sum(dim=1)
+        per_copy = _Permute.apply(y_local, ctx.inverse, ctx.order).view(ctx.num_tokens, ctx.top_k, -1)
+        out = torch.bmm(topk_weights.float().unsqueeze(1), per_copy.float()).squeeze(1)  # fp32 [T, H]
         return out.to(y_local.dtype)

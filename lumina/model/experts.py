@@ -83,7 +83,8 @@ class GroupedExperts(nn.Module):
 
     def _loop(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
         outs = []
-        for e, rows in enumerate(x.split(tokens_per_expert.tolist(), dim=0)):
-            hidden = F.silu(F.linear(rows, self.gate_proj[e])) * F.linear(rows, self.up_proj[e])
-            outs.append(F.linear(hidden, self.down_proj[e]))
+        # unbind, not indexing: one stacked weight gradient instead of a full-size one per expert
+        weights = zip(self.gate_proj.unbind(0), self.up_proj.unbind(0), self.down_proj.unbind(0), strict=True)
+        for rows, (gate, up, down) in zip(x.split(tokens_per_expert.tolist(), dim=0), weights, strict=True):
+            outs.append(F.linear(F.silu(F.linear(rows, gate)) * F.linear(rows, up), down))
         return torch.cat(outs, dim=0) if outs else x.new_zeros(x.shape)
