@@ -34,7 +34,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpe
     _check_shapes(q, k, v, spec)
     name = spec.backend
     backend = _BACKENDS[name]
-    reason = backend.unavailable(q, spec)
+    reason = backend.unavailable(q, k, v, spec)
     if reason is not None:
         if spec.strict:
             raise RuntimeError(f"attention backend {name!r} cannot serve this call (strict mode): {reason}")

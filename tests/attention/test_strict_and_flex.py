@@ -18,6 +18,9 @@ def test_flex_with_grad_on_cpu_strict_raises_and_nonstrict_falls_back():
     tensors = qkv(batch.seq_len, torch.float32)
     with pytest.raises(RuntimeError, match="'flex' cannot serve.*no backward on CPU"):
         attend(*tensors, build_spec(batch, backend="flex", strict=True))
+    q, k, v = tensors
+    with pytest.raises(RuntimeError, match="no backward on CPU"):  # a gradient wanted for v alone
+        attend(q.detach(), k.detach(), v, build_spec(batch, backend="flex", strict=True))
     reset_backend_calls()
     out = attend(*tensors, build_spec(batch, backend="flex"))
     assert backend_calls() == {"fallback:flex->segmented": 1, "segmented": 1}

@@ -18,7 +18,7 @@ except ImportError:
     flash_attn_varlen_func = None
 
 
-def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
+def unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> str | None:
     if flash_attn_varlen_func is None:
         return "flash-attn is not installed"
     if not q.is_cuda:

@@ -35,10 +35,10 @@ def compiled_flex():
     return _compiled
 
 
-def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
+def unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> str | None:
     if flex_attention is None:
         return f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
-    if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return (f"flex_attention has no backward on CPU in torch {torch.__version__}; "
                 "train with 'segmented' on CPU or use flex on CUDA")
     return None

@@ -15,7 +15,7 @@ def dense_mask(spec: AttentionSpec, dtype: torch.dtype) -> torch.Tensor:
     return spec.cached(("sdpa_dense", dtype), lambda: additive(spec.allowed(whole, whole), dtype).unsqueeze(1))
 
 
-def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
+def unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> str | None:
     return None
 
 

@@ -33,7 +33,7 @@ def run_masks(spec: AttentionSpec, dtype: torch.dtype) -> list[torch.Tensor | No
         for run, plain in zip(spec.runs, run_plain(spec), strict=True)])
 
 
-def unavailable(q: torch.Tensor, spec: AttentionSpec) -> str | None:
+def unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> str | None:
     return None
 
 
