@@ -62,6 +62,7 @@ class LuminaModule(L.LightningModule):
         self._step_micro = 0
         self._step_t0: float | None = None
         self._grad_norm: torch.Tensor | None = None
+        self._step_lr = 0.0
         self.step_completed = False  # true between an optimizer step and the end of its batch hooks
         self.last_step_expert_load: torch.Tensor | None = None  # [L, E] counts of the last optimizer step
         self._expert_load_accum: torch.Tensor | None = None
@@ -90,11 +91,6 @@ class LuminaModule(L.LightningModule):
         self.objective.bias_updater.group = group
         self.train_acc.set_process_group(group)
         self.val_acc.set_process_group(group)
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        if isinstance(batch, PackedBatch):
-            return batch.to(device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     # ---- steps ----
     def _objective(self, batch: PackedBatch) -> tuple[ObjectiveResult, torch.Tensor, torch.Tensor]:
@@ -161,6 +157,7 @@ class LuminaModule(L.LightningModule):
                            if grads else torch.zeros((), device=self.device))
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        self._step_lr = optimizer.param_groups[0]["lr"]  # what this step applies (the scheduler steps after)
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         self.objective.on_optimizer_step(self.model)  # expert-bias update, once per optimizer step
         self.last_step_expert_load = self._expert_load_accum
@@ -188,7 +185,7 @@ class LuminaModule(L.LightningModule):
             "train/text_tokens": sums["text_tokens"].item(), "train/image_tokens": sums["image_tokens"].item(),
             "train/supervised_tokens": (sums["text_tokens"] + sums["image_tokens"]).item(),
             "train/tokens_per_sec": tokens.item() / max(elapsed, 1e-9),
-            "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+            "train/lr": self._step_lr,
         }
         scalars.update({f"train/image_loss/cb{c}": v for c, v in enumerate(means[4:].tolist())})
         if self._grad_norm is not None:
