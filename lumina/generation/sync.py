@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# LuminaModel methods the samplers call instead of forward; under FSDP2 each must unshard the root.
-SAMPLER_METHODS = ("backbone", "text_head", "sample_image_codes")
+# (submodule path, method) the samplers call instead of forward; under FSDP2 each must unshard its unit.
+SAMPLER_METHODS = (("", "backbone"), ("", "text_head"), ("", "sample_image_codes"),
+                   ("multi_codebook_head", "sample"))
 
 
 def distributed() -> bool:
@@ -45,16 +46,19 @@ def shard_indices(num_items: int) -> list[int]:
 
 
 def prepare_for_sampling(model: nn.Module) -> nn.Module:
-    """Under FSDP2 (`fully_shard` on the root), register the sampler entry points as forward methods so that
-    calling them gathers the root's parameters like `forward` does. Idempotent; other models pass through."""
+    """Under FSDP2, register the sampler entry points of every sharded unit that has one (the root; the channel
+    head when it is its own unit, as in `lumina.distributed.parallelize`) as forward methods, so that calling
+    them gathers that unit's parameters like `forward` does. Idempotent; unsharded models pass through."""
     try:
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
     except ImportError:  # pragma: no cover - torch without FSDP2
         return model
-    if isinstance(model, FSDPModule) and not getattr(model, "_lumina_sampling_ready", False):
-        for name in SAMPLER_METHODS:
-            register_fsdp_forward_method(model, name)
-        model._lumina_sampling_ready = True
+    for path, name in SAMPLER_METHODS:
+        module = model.get_submodule(path) if path else model
+        flag = f"_lumina_sampling_{name}"
+        if isinstance(module, FSDPModule) and not getattr(module, flag, False):
+            register_fsdp_forward_method(module, name)
+            setattr(module, flag, True)
     return model
 
 

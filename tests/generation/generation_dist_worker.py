@@ -48,14 +48,24 @@ def run_worker(rank: int, world: int, init_file: str, out_dir: str, text_keys: l
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        model = eoa_prone_model()
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        texts = generate_text(model, [text_prompt(k) for k in text_keys[rank]], TOKENS, TEXT)
-        images = generate_images(model, [image_prompt(k) for k in image_keys[rank]], TOKENS, IMAGE)
-        torch.save({"text": [a.raw for a in texts], "images": [a.codes for a in images]},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        results = {}
+        for name in ("fsdp", "fsdp_ep"):
+            model = eoa_prone_model()
+            if name == "fsdp":  # fully_shard per decoder layer + root
+                for layer in model.model.layers:
+                    fully_shard(layer)
+                fully_shard(model)
+            else:  # lumina's plan: experts split over 2 ep ranks (all-to-all dispatch), heads as their own units
+                from lumina.distributed import ParallelConfig, build_meshes, parallelize
+                from lumina.distributed.plan import OFFICIAL_PLAN
+
+                config = ParallelConfig(ep=2)
+                meshes = build_meshes(config.resolve(world), "cpu")
+                parallelize(model, meshes, config, OFFICIAL_PLAN, torch.device("cpu"))
+            texts = generate_text(model, [text_prompt(k) for k in text_keys[rank]], TOKENS, TEXT)
+            images = generate_images(model, [image_prompt(k) for k in image_keys[rank]], TOKENS, IMAGE)
+            results[name] = {"text": [a.raw for a in texts], "images": [a.codes for a in images]}
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()

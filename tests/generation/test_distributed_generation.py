@@ -1,5 +1,6 @@
-"""Two gloo processes, FSDP2 (`fully_shard` per decoder layer + root): ranks with different numbers of prompts
-whose answers end at different blocks finish (no collective desync) and sample what one process samples."""
+"""Two gloo processes, FSDP2 (`fully_shard` per decoder layer + root) and lumina's FSDP2 + expert-parallel plan
+(all-to-all MoE dispatch): ranks with different numbers of prompts whose answers end at different blocks finish
+(no collective desync) and sample exactly what one process samples."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def test_fsdp2_ranks_stopping_at_different_blocks_complete(tmp_path):
                 process.kill()
             pytest.fail(f"2-process FSDP2 generation did not finish in {TIMEOUT_S} s (collective desync)")
     for rank in range(WORLD):
-        out = torch.load(tmp_path / f"rank{rank}.pt")
-        assert out["text"] == [reference[k] for k in text_keys[rank]]
-        for codes, k in zip(out["images"], image_keys[rank], strict=True):
-            assert torch.equal(codes, image_reference[k])
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        for name in ("fsdp", "fsdp_ep"):
+            out = results[name]
+            assert out["text"] == [reference[k] for k in text_keys[rank]], name
+            for codes, k in zip(out["images"], image_keys[rank], strict=True):
+                assert torch.equal(codes, image_reference[k]), name
