@@ -2,6 +2,7 @@
 Lightning strategy, hang proofing, sharded HF load / consolidated export."""
 
 from lumina.distributed.config import ParallelConfig, ResolvedSizes
+from lumina.distributed.dcp_io import load_dcp_weights
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import export_hf, full_state_dict, load_hf_sharded
@@ -23,6 +24,6 @@ __all__ = [
     "OFFICIAL_PLAN", "AllToAllDispatcher", "FSDP2ExpertParallelStrategy", "MeshAwarePrecision", "Meshes",
     "ParallelConfig", "Parallelized", "ParticipationError", "ParticipationTracker", "PlanError", "PlanRule",
     "RankBytes", "ResolvedSizes", "RoutingReplay", "ShardedGroupedExperts", "build_meshes", "clip_grad_norm",
-    "detach_empty_outputs", "export_hf", "full_state_dict", "load_hf_sharded", "materialise", "parallelize",
+    "detach_empty_outputs", "export_hf", "load_dcp_weights", "full_state_dict", "load_hf_sharded", "materialise", "parallelize",
     "parse_plan", "per_rank_parameters", "resolve_plan", "total_grad_norm", "tracked_modules",
 ]

@@ -62,10 +62,13 @@ def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The consolidated state dict on CPU (a collective over the model's meshes; full on every rank)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
-                                                                broadcast_from_rank0=False))
+def full_state_dict(model: nn.Module, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+    """The consolidated state dict on CPU (a collective over the model's meshes). Only rank 0 receives it
+    (others get an empty dict) unless `all_ranks`, which first gathers on the device on every rank."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
+    state = get_model_state_dict(model, options=options)
+    # copies: unsharded tensors (buffers such as expert_bias) come back as the live tensors themselves
+    return {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
 
 
 def export_hf(model: nn.Module, directory: str | Path, *, layout: str = "split", dtype: str | None = None,

@@ -10,6 +10,7 @@ DCP checkpointing). Every rank is a data-parallel rank (the DataModule deals pac
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,8 @@ from lumina.distributed.parallelize import Parallelized, parallelize
 from lumina.distributed.participation import ParticipationTracker, detach_empty_outputs, tracked_modules
 from lumina.distributed.plan import PlanRule, parse_plan
 from lumina.distributed.recompute import RoutingReplay
+
+log = logging.getLogger(__name__)
 
 
 class MeshAwarePrecision(Precision):
@@ -124,6 +127,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         if len(set(dirs)) > 1:
             raise ValueError(f"ranks resolved different run directories {sorted(set(dirs))}; pin "
                              "hydra.run.dir=<dir> on the command line of every rank")
+        log.info(f"all {self.world_size} ranks write under the run directory {dirs[0]}")
 
     # ---- backward ----
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
@@ -134,7 +138,13 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         """Total gradient 2-norm over both meshes (what clipping uses; equal on every rank)."""
         return total_grad_norm(parameters)
 
+    # ---- checkpoints ----
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """DCP resume; the metadata file holds lumina's RNG states (numpy arrays), so it is unpickled in full
+        unless the caller asks for weights_only explicitly."""
+        return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
+
     # ---- export ----
     def consolidated_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full weights on CPU (a collective: every rank must call it)."""
+        """Full weights on CPU on rank 0, empty elsewhere (a collective: every rank must call it)."""
         return full_state_dict(model)

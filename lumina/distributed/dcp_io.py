@@ -1,0 +1,19 @@
+"""Read the weights of a Lightning distributed (DCP) checkpoint into a plain, unsharded model.
+
+The checkpoint stores global tensors (experts as [E, ...] DTensors), so any layout can read it: another
+EP / FSDP size through the strategy's own resume, or one process here (no process group needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+
+def load_dcp_weights(model: nn.Module, path: str | Path, prefix: str = "model.") -> nn.Module:
+    """Fill `model`'s persistent parameters and buffers in place from checkpoint directory `path`, whose
+    `state_dict` entry holds them under `prefix` (the LightningModule attribute the model lives in)."""
+    state = {f"{prefix}{key}": tensor for key, tensor in model.state_dict().items()}
+    dcp.load({"state_dict": state}, checkpoint_id=str(path))
+    return model

@@ -1,0 +1,281 @@
+"""One gloo rank of the distributed tests: `python dist_worker.py <scenario> <out_dir>` (env:// rendezvous).
+
+Scenarios write `out_dir/<name>.rank<r>.pt`; each is a function below. "core" runs every check that needs no
+Lightning Trainer and then the Lightning runs that share one healthy process group; "hang" ends in a
+collective failure on purpose and so runs alone."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from dist_helpers import FEW, MANY, make_pack, tiny_config
+from torch.utils.data import DataLoader
+
+from lumina.distributed import (
+    FSDP2ExpertParallelStrategy,
+    ParallelConfig,
+    ParticipationTracker,
+    RoutingReplay,
+    build_meshes,
+    clip_grad_norm,
+    export_hf,
+    full_state_dict,
+    load_hf_sharded,
+    parallelize,
+    total_grad_norm,
+    tracked_modules,
+)
+from lumina.distributed.plan import OFFICIAL_PLAN
+from lumina.model import LuminaModel
+from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
+
+OUT: Path = Path(".")
+RANK = 0
+
+
+def save(name: str, value: object) -> None:
+    torch.save(value, OUT / f"{name}.rank{RANK}.pt")
+
+
+def fresh_model(seed: int = 0, **overrides) -> LuminaModel:
+    torch.manual_seed(seed)
+    return LuminaModel(tiny_config(**overrides))
+
+
+def sharded(model: LuminaModel, ep: int = 2, **flags) -> LuminaModel:
+    cfg = ParallelConfig(ep=ep, **flags)
+    meshes = build_meshes(cfg.resolve(dist.get_world_size()), "cpu")
+    parallelize(model, meshes, cfg, OFFICIAL_PLAN, torch.device("cpu"))
+    return model
+
+
+def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def objective() -> LuminaObjective:
+    return LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)))
+
+
+def my_pack():
+    return make_pack(FEW if RANK == 0 else MANY, seed=10 + RANK)
+
+
+# ---------------------------------------------------------------- direct API checks
+def parity() -> None:
+    """EP=2 x FSDP=2: gradients, the clipping norm and the weights after one clipped SGD step."""
+    model = sharded(fresh_model())
+    tracker = ParticipationTracker(model, tracked_modules(model.conditional_modules()))
+    model.track_expert_load(True)
+    batch = my_pack()
+    result = objective()(model(batch), batch)
+    tracker.check()
+    result.loss.backward()
+    grads = full_grads(model)
+    norm = total_grad_norm(model.parameters())
+    clipped = clip_grad_norm(model.parameters(), max_norm=0.5 * float(norm))
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    host_syncs = [d.host_syncs for d in (m.dispatcher for m in model.moe_layers())]
+    save("parity", {"grads": grads, "norm": norm, "clip_norm": clipped, "weights": full_state_dict(model, all_ranks=True),
+                    "load": model.expert_load(), "host_syncs": host_syncs, "checks": tracker.checks})
+
+
+def checkpointing() -> None:
+    """Activation checkpointing with routing replay: same expert load and gradients as without."""
+    model = fresh_model(gradient_checkpointing=True)
+    replay = RoutingReplay(model)
+    sharded(model)
+    model.track_expert_load(True)
+    batch = my_pack()
+    objective()(model(batch), batch).loss.backward()
+    save("checkpointing", {"grads": full_grads(model), "load": model.expert_load(), "replayed": replay.replayed})
+
+
+def hf_load(hf_dir: str) -> None:
+    """Meta-initialised model, sharded at EP=2 / FSDP=2, then the split HF checkpoint read into the shards."""
+    with torch.device("meta"):
+        model = LuminaModel(tiny_config())
+    sharded(model)
+    load_hf_sharded(model, hf_dir)
+    local_expert_rows = model.moe_layers()[0].experts.gate_proj.to_local().shape[0]
+    save("hf_load", {"weights": full_state_dict(model, all_ranks=True), "local_expert_rows": local_expert_rows})
+    export_hf(model, OUT / "hf_export")
+
+
+# ---------------------------------------------------------------- Lightning runs
+class FixedPacks(L.LightningDataModule):
+    """Rank r trains pack `packs[r]` at every step."""
+
+    def __init__(self, packs) -> None:
+        super().__init__()
+        self.packs = packs
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader([self.packs[self.trainer.global_rank]] * 1000, batch_size=None, collate_fn=_identity)
+
+
+def _identity(x):
+    return x
+
+
+def trainer(strategy, root: Path, steps: int, callbacks=(), every: int | None = None) -> L.Trainer:
+    callbacks = list(callbacks)
+    if every:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=every,
+                                                             save_top_k=-1, filename="s{step}",
+                                                             auto_insert_metric_name=False))
+    return L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(every),
+                     use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
+                     gradient_clip_val=1.0, callbacks=callbacks, default_root_dir=str(root))
+
+
+def lumina_module():
+    from lumina.training.module import LuminaModule
+    from lumina.training.optim import OptimConfig
+
+    torch.manual_seed(0)
+    return LuminaModule(tiny_config(), objective=ObjectiveConfig(balance=BalanceConfig(bias_rate=0.01)),
+                        optim=OptimConfig(lr=1e-3, warmup_steps=1))
+
+
+def world_data():
+    from lumina.training.data_factory import build_datamodule
+
+    data = {"seq_len": 256, "seed": 0, "num_workers": 0, "pad_id": 0, "num_codebooks": 4,
+            "sources": [{"name": "world", "weight": 1.0, "path": None, "options": {"num_samples": 32,
+                                                                                   "val_samples": 4}}]}
+    dm = build_datamodule(data, tiny_config())
+    dm.schedule.plan()
+    return dm
+
+
+class Recorder(L.Callback):
+    """Per step: loss, a digest of this rank's batch and the expert biases; at the steps in `at_steps` and at
+    the end of training, the full weights."""
+
+    def __init__(self, at_steps: tuple[int, ...] = ()) -> None:
+        self.losses, self.batches, self.biases, self.at_steps, self.snapshots = [], [], [], at_steps, {}
+
+    @staticmethod
+    def snapshot(module) -> dict:
+        return {"weights": full_state_dict(module.model, all_ranks=True),
+                "bias": [m.gate.expert_bias.clone() for m in module.model.moe_layers()]}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+        self.batches.append(hashlib.sha1(batch.input_ids.numpy().tobytes()).hexdigest())
+        self.biases.append([m.gate.expert_bias.clone() for m in module.model.moe_layers()])
+        if trainer.global_step in self.at_steps:
+            self.snapshots[trainer.global_step] = self.snapshot(module)
+
+    def on_train_end(self, trainer, module) -> None:
+        self.snapshots["end"] = self.snapshot(module)
+
+    def result(self) -> dict:
+        return {"losses": self.losses, "batches": self.batches, "biases": self.biases,
+                "snapshots": self.snapshots}
+
+
+def train_and_resume() -> None:
+    """4 steps at EP=2 with DCP checkpoints every 2; resume from step 2 at EP=2; load step 2 at EP=1."""
+    root = OUT / "lightning"
+    full = Recorder(at_steps=(2,))
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root, 4, [full], every=2).fit(
+        lumina_module(), datamodule=world_data())
+    ckpt = root / "ckpt" / "s2.ckpt"
+    resumed = Recorder()
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), OUT / "resume", 4, [resumed]).fit(
+        lumina_module(), datamodule=world_data(), ckpt_path=str(ckpt))
+    at_ep1 = lumina_module()  # max_steps=2: restores step 2, trains nothing
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=1)), OUT / "ep1", 2).fit(
+        at_ep1, datamodule=world_data(), ckpt_path=str(ckpt))
+    ep1 = {**Recorder.snapshot(at_ep1), "step": at_ep1.trainer.global_step,
+           "local_expert_rows": at_ep1.model.moe_layers()[0].experts.gate_proj.to_local().shape[0]}
+    save("resume", {"full": full.result(), "resumed": resumed.result(), "ep1": ep1, "ckpt": str(ckpt)})
+
+
+def conditional_runs() -> None:
+    """Rank 1's pack has no image targets. Rule on: trains; rule off + participation check: names modules."""
+    packs = [make_pack([(3, 6, 4, 6, 5)], seed=1), make_pack([(4, 8, 6, 0, 0)], seed=2)]
+    out = {}
+    rec = Recorder()
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), OUT / "rule_on", 3, [rec]).fit(
+        lumina_module(), datamodule=FixedPacks(packs))
+    out["rule_on_losses"] = rec.losses
+    try:
+        trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2, conditional_rule=False)), OUT / "check", 3).fit(
+            lumina_module(), datamodule=FixedPacks(packs))
+        out["check_error"] = None
+    except Exception as error:  # noqa: BLE001 - recorded for the test
+        out["check_error"] = (type(error).__name__, str(error))
+    save("conditional", out)
+
+
+def hang() -> None:
+    """Rule off, participation check off: the seed's run. Prints each phase (the process may be aborted by
+    gloo itself) and records how it failed."""
+    packs = [make_pack([(3, 6, 4, 6, 5)], seed=1), make_pack([(4, 8, 6, 0, 0)], seed=2)]
+    phase = {"where": "setup"}
+
+    def mark(where: str) -> None:
+        phase["where"] = where
+        print(f"PHASE {where} {time.monotonic():.3f}", flush=True)
+
+    class Phase(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            mark("forward")
+
+        def on_before_backward(self, trainer, module, loss):
+            mark("backward")
+
+        def on_after_backward(self, trainer, module):
+            mark("after_backward")
+
+    cfg = ParallelConfig(ep=2, conditional_rule=False, participation_check=False, timeout_s=15)
+    mark("setup")
+    try:
+        trainer(FSDP2ExpertParallelStrategy(cfg), OUT / "hang", 3, [Phase()]).fit(
+            lumina_module(), datamodule=FixedPacks(packs))
+        result = {"error": None}
+    except BaseException as error:  # noqa: BLE001 - recorded for the test
+        result = {"error": (type(error).__name__, str(error)[:2000]), "trace": traceback.format_exc()[-4000:]}
+    print(f"RESULT {time.monotonic():.3f} {result['error']}", flush=True)
+    result.update(where=phase["where"], timeout=cfg.timeout_s)
+    save("hang", result)
+
+
+def main() -> None:
+    global OUT, RANK
+    scenario, OUT = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)
+    if scenario == "hang":
+        RANK = int(__import__("os").environ["RANK"])
+        hang()
+        return
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    RANK = dist.get_rank()
+    if scenario in ("conditional", "resume"):  # one part alone, for debugging
+        (conditional_runs if scenario == "conditional" else train_and_resume)()
+        return
+    parity()
+    checkpointing()
+    hf_load(str(OUT / "hf_in"))
+    if scenario == "core":
+        train_and_resume()
+        conditional_runs()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

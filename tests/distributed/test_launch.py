@@ -1,0 +1,59 @@
+"""`torchrun --nproc_per_node 2 -m lumina.train ... hydra.run.dir=X`: both ranks resolve X, and the run
+artefacts (Hydra's .hydra/ and job log, loggers, HF export, heatmap) come from rank 0 only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dist_helpers import free_port
+
+from lumina.distributed.launch import rank_overrides
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    run_dir = tmp_path_factory.mktemp("torchrun") / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), "-m", "lumina.train", "experiment=debug", "strategy=fsdp_ep",
+               "strategy.parallel.ep=2", "trainer.devices=2", "trainer.max_steps=2", "trainer.enable_progress_bar=false",
+               "trainer.enable_model_summary=false", "data.sources.0.options.num_samples=32",
+               "data.sources.0.options.val_samples=4", "callbacks.expert_usage.heatmap_every_n_steps=1",
+               f"hydra.run.dir={run_dir}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="1")
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=run_dir.parent)
+    return proc, run_dir
+
+
+def test_torchrun_trains_and_every_rank_resolves_the_pinned_dir(torchrun) -> None:
+    proc, run_dir = torchrun
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert f"all 2 ranks write under the run directory {run_dir}" in log
+    assert proc.stdout.count("lumina-train: 2 optimizer steps") == 1  # the summary comes from rank 0 only
+
+
+def test_run_artefacts_come_from_rank_zero_only(torchrun) -> None:
+    proc, run_dir = torchrun
+    log = (run_dir / "train.log").read_text()
+    assert "GLOBAL_RANK: 0" in log and "GLOBAL_RANK: 1" not in log  # rank 1 logs to its stdout instead
+    assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "hf" / "config.json").is_file()  # consolidated export written once, by rank 0
+    assert (run_dir / "expert_heatmap.png").is_file()
+
+
+def test_a_distributed_launch_needs_a_pinned_dir_and_no_multirun() -> None:
+    env = {"WORLD_SIZE": "2", "RANK": "1"}
+    assert rank_overrides(["hydra.run.dir=/x"], {"WORLD_SIZE": "1"}) == []
+    assert rank_overrides(["hydra.run.dir=/x"], {**env, "RANK": "0"}) == []
+    assert rank_overrides(["hydra.run.dir=/x"], env) == ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    with pytest.raises(ValueError, match="pin hydra.run.dir"):
+        rank_overrides(["trainer.max_steps=2"], env)
+    with pytest.raises(ValueError, match="multirun"):
+        rank_overrides(["-m", "hydra.run.dir=/x"], env)
+    slurm = {"SLURM_NTASKS": "4", "SLURM_PROCID": "3"}
+    assert rank_overrides(["hydra.run.dir=/x"], slurm) == ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
