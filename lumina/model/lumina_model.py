@@ -69,7 +69,8 @@ class LuminaModel(nn.Module):
     def expert_load(self, reset: bool = False) -> torch.Tensor:
         """Selections per expert since the last reset: int64 [num_moe_layers, E]."""
         layers = self.moe_layers()
-        counts = torch.stack([moe.load_counts.clone() for moe in layers]) if layers else torch.zeros(0, 0)
+        counts = (torch.stack([moe.load_counts.clone() for moe in layers]) if layers
+                  else torch.zeros(0, self.config.num_experts, dtype=torch.int64))
         if reset:
             for moe in layers:
                 moe.load_counts.zero_()
