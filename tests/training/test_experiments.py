@@ -22,8 +22,8 @@ EXPERIMENTS = sorted(
 
 
 def test_the_experiment_list_covers_the_ablations():
-    assert {"debug", "finetune", "ablation/attn_sdpa_dense", "ablation/attn_segmented", "ablation/balance_aux",
-            "ablation/balance_bias", "ablation/text_weight_none", "ablation/text_weight_inverse_t",
+    assert {"debug", "finetune", "ablation_attn_sdpa_dense", "ablation_attn_segmented", "ablation_balance_aux",
+            "ablation_balance_bias", "ablation_text_weight_none", "ablation_text_weight_inverse_t",
             "flex", "flash_attn"} <= set(EXPERIMENTS)
 
 
