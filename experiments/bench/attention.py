@@ -18,6 +18,9 @@ thread; 16/4 heads, head dim 128, fp32, S = 4096). Speed-up over sdpa_dense (med
 | 16 equal, plain | 16.00x | 12.67x (20.33 s) | 17.77x (4.81 s) | 11.54x |
 | length mix, plain | 5.99x | 6.09x (17.43 s) | 5.54x (4.75 s) | 3.00x |
 
+With torch's default 2 threads (`--reps 3`, contended): segmented fwd+bwd 11.00x of 16 (equal, rules;
+sdpa_dense 28.95 s) and 4.18x of 5.99 (mix, rules; 16.04 s); forward 16.17x / 2.50x; flex forward 8.12x / 3.00x.
+
 Mask memory at S = 16384 (fp32): sdpa_dense 1024 MiB; segmented 64.0 MiB (16 equal, = sum(L^2)/S^2 =
 0.0625) and 171.0 MiB (mix, 0.167); flex 1.0 MiB (block tables + per-token vectors, 0.001 of dense).
 """
