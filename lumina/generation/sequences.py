@@ -10,7 +10,7 @@ drop the prompt's text (`<uncondition>`) and/or media exactly as the training CF
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +37,6 @@ class Prompt:
     system: list[int] | None = None
     key: int | str = 0
     grid: tuple[int, int] | None = None
-    meta: dict = field(default_factory=dict)
 
     @property
     def media(self) -> list[Media]:
