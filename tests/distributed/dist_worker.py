@@ -100,6 +100,15 @@ def checkpointing() -> None:
     save("checkpointing", {"grads": full_grads(model), "load": model.expert_load(), "replayed": replay.replayed})
 
 
+def mixed_precision() -> None:
+    """FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce): fp32 master weights and gradients."""
+    model = sharded(fresh_model(), param_dtype="bfloat16")
+    batch = my_pack()
+    objective()(model(batch), batch).loss.backward()
+    dtypes = sorted({str(p.dtype) for p in model.parameters()} | {str(p.grad.dtype) for p in model.parameters()})
+    save("mixed_precision", {"grads": full_grads(model), "dtypes": dtypes})
+
+
 def hf_load(hf_dir: str) -> None:
     """Meta-initialised model, sharded at EP=2 / FSDP=2, then the split HF checkpoint read into the shards."""
     with torch.device("meta"):
@@ -269,6 +278,7 @@ def main() -> None:
         return
     parity()
     checkpointing()
+    mixed_precision()
     hf_load(str(OUT / "hf_in"))
     if scenario == "core":
         train_and_resume()

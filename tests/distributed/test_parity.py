@@ -85,3 +85,12 @@ def test_export_from_the_sharded_model_loads_back(core, reference_state) -> None
     back = load_pretrained(core.out / "hf_export").state_dict()
     for name, value in reference_state.items():
         assert torch.equal(back[name], value), name
+
+
+def test_bf16_mixed_precision_policy_keeps_fp32_master_weights_and_gradients(core) -> None:
+    for rank in (0, 1):
+        fp32, bf16 = core("parity", rank)["grads"], core("mixed_precision", rank)
+        assert bf16["dtypes"] == ["torch.float32"]  # sharded parameters and reduced gradients
+        diff = torch.sqrt(sum((bf16["grads"][n] - g).pow(2).sum() for n, g in fp32.items()))
+        scale = torch.sqrt(sum(g.pow(2).sum() for g in fp32.values()))
+        assert 0 < float(diff / scale) < 0.05  # bf16 compute took effect and stays close
