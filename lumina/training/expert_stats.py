@@ -36,7 +36,7 @@ def draw_heatmap(load: torch.Tensor, first_layer: int = 0, title: str = "expert 
     x = load.detach().to(torch.float64).cpu()
     share = x / x.sum(dim=1, keepdim=True).clamp_min(1.0)
     num_layers, num_experts = share.shape
-    fig = Figure(figsize=(min(2.0 + 0.05 * num_experts, 16.0), 1.2 + 0.3 * num_layers), dpi=100)
+    fig = Figure(figsize=(min(max(6.0, 2.0 + 0.06 * num_experts), 16.0), 2.0 + 0.35 * num_layers), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(share.numpy(), aspect="auto", interpolation="nearest", cmap="viridis")
     ax.set_xlabel("expert")
