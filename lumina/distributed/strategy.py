@@ -64,6 +64,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         self.parallelized: Parallelized | None = None
         self.participation: ParticipationTracker | None = None
         self.replay: RoutingReplay | None = None
+        self.loaded_init_from: str | None = None  # set when `setup` read an HF checkpoint into the shards
         self.materialises_model = True  # LightningModules may build on meta and leave init to `setup`
         environment = cluster_environment()
         if environment is not None:  # under submitit: submitit owns preemption / requeue
@@ -116,6 +117,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
         if on_meta and init_from is not None:
             load_hf_sharded(model, init_from)
+            self.loaded_init_from = init_from
         if cfg.participation_check:
             self.participation = ParticipationTracker(model, conditional)
         return self.parallelized

@@ -213,6 +213,19 @@ def train_and_resume() -> None:
     save("resume", {"full": full.result(), "resumed": resumed.result(), "ep1": ep1, "ckpt": str(ckpt)})
 
 
+def strategy_init_from(hf_dir: str) -> None:
+    """The strategy path: LuminaModule(init_from=...) builds on meta, the strategy shards and reads the shards."""
+    from lumina.training.module import LuminaModule
+    from lumina.training.optim import OptimConfig
+
+    module = LuminaModule(tiny_config(), init_from=hf_dir, optim=OptimConfig(decay_steps=10))
+    packs = [make_pack(FEW, seed=1), make_pack(MANY, seed=2)]
+    strategy = FSDP2ExpertParallelStrategy(ParallelConfig(ep=2))
+    trainer(strategy, OUT / "init_from", 0).fit(module, datamodule=FixedPacks(packs))
+    save("init_from", {"weights": full_state_dict(module.model, all_ranks=True),
+                       "loaded_by_strategy": strategy.loaded_init_from == hf_dir})
+
+
 def conditional_runs() -> None:
     """Rank 1's pack has no image targets. Rule on: trains; rule off + participation check: names modules."""
     packs = [make_pack([(3, 6, 4, 6, 5)], seed=1), make_pack([(4, 8, 6, 0, 0)], seed=2)]
@@ -273,14 +286,15 @@ def main() -> None:
         return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     RANK = dist.get_rank()
-    if scenario in ("conditional", "resume"):  # one part alone, for debugging
-        (conditional_runs if scenario == "conditional" else train_and_resume)()
+    if scenario == "init_from":  # one part alone, for debugging
+        strategy_init_from(str(OUT / "hf_in"))
         return
     parity()
     checkpointing()
     mixed_precision()
     hf_load(str(OUT / "hf_in"))
     if scenario == "core":
+        strategy_init_from(str(OUT / "hf_in"))
         train_and_resume()
         conditional_runs()
     dist.barrier()

@@ -94,3 +94,12 @@ def test_bf16_mixed_precision_policy_keeps_fp32_master_weights_and_gradients(cor
         diff = torch.sqrt(sum((bf16["grads"][n] - g).pow(2).sum() for n, g in fp32.items()))
         scale = torch.sqrt(sum(g.pow(2).sum() for g in fp32.values()))
         assert 0 < float(diff / scale) < 0.05  # bf16 compute took effect and stays close
+
+
+def test_strategy_loads_init_from_into_the_shards(core, reference_state) -> None:
+    for rank in (0, 1):
+        assert core("init_from", rank)["loaded_by_strategy"]  # the model reached the strategy on meta
+        got = core("init_from", rank)["weights"]
+        assert got.keys() == reference_state.keys()
+        for name, value in reference_state.items():
+            assert torch.equal(got[name], value), name
