@@ -24,18 +24,23 @@ from lumina.model.mlp import SwiGLU
 
 
 def boolean_mask_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
-    """The official non-fused path: route, then for every expert select its tokens with a boolean mask."""
+    """The official non-fused training path: repeat every token k times, then for every expert select its
+    copies with a boolean mask, write the expert's output back through the same mask, and sum the k weighted
+    copies of each token."""
     routing = moe.gate(x)
     experts = moe.experts
-    out = torch.zeros_like(x)
+    top_k = routing.topk_ids.shape[-1]
+    flat_ids = routing.topk_ids.reshape(-1)
+    copies = x.repeat_interleave(top_k, dim=0)  # [T * k, H]
+    y = torch.empty_like(copies)
     # one weight set per expert, as the official ModuleList of per-expert Linears
     weights = zip(experts.gate_proj.unbind(0), experts.up_proj.unbind(0), experts.down_proj.unbind(0), strict=True)
     for e, (gate, up, down) in enumerate(weights):
-        token, slot = (routing.topk_ids == e).nonzero(as_tuple=True)
-        rows = x[token]
-        y = F.linear(F.silu(F.linear(rows, gate)) * F.linear(rows, up), down)
-        out = out.index_add(0, token, y * routing.topk_weights[token, slot, None].to(x.dtype))
-    return out
+        mask = flat_ids == e
+        rows = copies[mask]
+        y[mask] = F.linear(F.silu(F.linear(rows, gate)) * F.linear(rows, up), down)
+    weighted = y.view(-1, top_k, x.shape[-1]) * routing.topk_weights.reshape(-1, top_k, 1).to(x.dtype)
+    return weighted.sum(dim=1)
 
 
 def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor) -> float:
