@@ -17,7 +17,8 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 
 
 def launch_rank(env: Mapping[str, str] = os.environ) -> int:
-    return int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+    """Global rank: torchrun's RANK, srun's SLURM_PROCID, else LOCAL_RANK (Lightning's single-node launcher)."""
+    return int(env.get("RANK", env.get("SLURM_PROCID", env.get("LOCAL_RANK", "0"))))
 
 
 def launch_world_size(env: Mapping[str, str] = os.environ) -> int:
@@ -35,8 +36,10 @@ def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> 
     if not any(arg.startswith("hydra.run.dir=") for arg in argv):
         raise ValueError(f"this is rank {launch_rank(env)} of {launch_world_size(env)}: pin hydra.run.dir=<dir> "
                          "so that every rank resolves the same run directory")
-    if launch_rank(env) != 0:
-        return ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    if launch_rank(env) != 0:  # Lightning's own launcher already sets hydra.output_subdir for its children
+        extra = {"hydra.output_subdir": "null", "hydra/job_logging": "stdout"}
+        return [f"{key}={value}" for key, value in extra.items()
+                if not any(arg.split("=", 1)[0].lstrip("+~") == key for arg in argv)]
     return []
 
 

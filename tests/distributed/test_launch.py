@@ -56,5 +56,7 @@ def test_a_distributed_launch_needs_a_pinned_dir_and_no_multirun() -> None:
         rank_overrides(["trainer.max_steps=2"], env)
     with pytest.raises(ValueError, match="multirun"):
         rank_overrides(["-m", "hydra.run.dir=/x"], env)
+    lightning_child = ["hydra.run.dir=/x", "hydra.output_subdir=.pl_hydra_rank_1"]
+    assert rank_overrides(lightning_child, {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == ["hydra/job_logging=stdout"]
     slurm = {"SLURM_NTASKS": "4", "SLURM_PROCID": "3"}
     assert rank_overrides(["hydra.run.dir=/x"], slurm) == ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
