@@ -21,7 +21,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import DataParallelMeshDims
 from lumina.distributed.config import ParallelConfig
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.mesh import Meshes
-from lumina.distributed.plan import PlanRule, expert_parameter_names, resolve_plan
+from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
 from lumina.distributed.sharded_experts import PROJECTIONS, ShardedGroupedExperts
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
@@ -66,12 +66,26 @@ def _shard(units: nn.Module | list[nn.Module], mesh, mp: MixedPrecisionPolicy, d
     first.set_force_sum_reduction_for_comms(shard_size > 1)
 
 
+def check_supported(placements: dict[str, PlanRule], experts: Sequence[str]) -> None:
+    """This implementation places expert tensors on the `ep` mesh dim only; anything else would be ignored,
+    so it raises instead."""
+    expert_set = set(experts)
+    others = [n for n in placements if n not in expert_set]
+    if others:
+        raise PlanError(f"the parallel plan places non-expert parameters, which only FSDP shards here: {others[:4]}")
+    wrong = sorted({f"{r.pattern} -> {r.mesh_dim}" for r in placements.values() if r.mesh_dim != "ep"})
+    if wrong:
+        raise PlanError(f"expert tensors can only be placed on the 'ep' mesh dim, got {wrong}")
+
+
 def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules: Sequence[PlanRule],
                 device: torch.device) -> Parallelized:
     """Shard `model` (a LuminaModel, materialised or on meta) in place. Raises PlanError when the plan does
     not fit the model (before anything is changed)."""
     names = [n for n, _ in model.named_parameters()]
-    placements = resolve_plan(names, rules, expert_parameter_names(model, (GroupedExperts,)))
+    experts = expert_parameter_names(model, (GroupedExperts,))
+    placements = resolve_plan(names, rules, experts)
+    check_supported(placements, experts)
     result = Parallelized(placements)
     mp = mixed_precision(config)
     world = meshes.sizes.world_size

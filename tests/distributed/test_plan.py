@@ -16,6 +16,7 @@ from lumina.distributed import (
     per_rank_parameters,
     resolve_plan,
 )
+from lumina.distributed.parallelize import check_supported
 from lumina.distributed.plan import expert_parameter_names
 from lumina.model import GroupedExperts, LuminaConfig, LuminaModel
 
@@ -100,3 +101,15 @@ def test_official_per_rank_parameters_at_ep8_fsdp8() -> None:
     assert got.dense_params == dense
     assert got.param_bytes(2) == (experts + dense) * 2
     assert 16.8e9 < got.total_params < 17.0e9
+
+
+def test_placements_the_sharding_cannot_honour_raise(tiny_names) -> None:
+    names, experts = tiny_names
+    dense = resolve_plan(names, (*OFFICIAL_PLAN, PlanRule("lm_head.weight")), experts)
+    with pytest.raises(PlanError, match=r"non-expert parameters.*lm_head\.weight"):
+        check_supported(dense, experts)
+    on_shard = resolve_plan(names, parse_plan([{"pattern": "model.layers.*.mlp.experts.*", "mesh_dim": "shard"}]),
+                            experts)
+    with pytest.raises(PlanError, match="only be placed on the 'ep' mesh dim"):
+        check_supported(on_shard, experts)
+    check_supported(resolve_plan(names, OFFICIAL_PLAN, experts), experts)  # the official plan is fine
