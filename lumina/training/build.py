@@ -50,6 +50,9 @@ def model_config(cfg: DictConfig) -> LuminaConfig:
     for key in overrides:
         if key not in fields:
             raise ConfigError(f"model.config.{key}: not a LuminaConfig field")
+    if OmegaConf.is_missing(node, "init_from"):
+        raise ConfigError("model.init_from=???: required by this config (an HF checkpoint directory), "
+                          "e.g. model.init_from=outputs/run/hf")
     init_from = node.get("init_from")
     if init_from is not None:
         config_json = Path(init_from) / "config.json"

@@ -40,6 +40,7 @@ def test_cli_bad_config_is_one_line(args, expected, tmp_path):
     (["data=parquet", "data.sources.0.path=/nonexistent/shards"],
      r"data.sources\[0\].path='/nonexistent/shards': no such file or directory"),
     (["model=hf", "model.init_from=/nonexistent/hf"], r"model.init_from='/nonexistent/hf'"),
+    (["model=hf"], r"model.init_from=\?\?\?: required"),
     (["model.freeze=[no_such_param.*]"], r"model.freeze='no_such_param.\*': matches no parameter"),
     (["ckpt_path=/nonexistent/last.ckpt"], r"ckpt_path='/nonexistent/last.ckpt'"),
     (["trainer.max_steps=-1", "trainer.fast_dev_run=false"], r"trainer.max_steps=-1: must be >= 1"),
