@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lumina.data.batch import PackedBatch
+from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
 from lumina.objective import (
     LuminaObjective,
@@ -70,12 +71,14 @@ class LuminaModule(L.LightningModule):
 
     # ---- model ----
     def configure_model(self) -> None:
-        """Build the model once (a strategy may call this inside its sharding context)."""
+        """Build the model once (a strategy may call this inside its sharding context). A strategy with
+        `materialises_model` gets it on the meta device and initialises / loads `init_from` itself."""
         if self.model is not None:
             return
-        if getattr(self._trainer and self._trainer.strategy, "materialises_model", False):
-            with torch.device("meta"):  # the strategy shards, then initialises / loads init_from per shard
-                model = build_model(self.model_config)
+        strategy_inits = self._trainer is not None and getattr(self.trainer.strategy, "materialises_model", False)
+        if strategy_inits:
+            with torch.device("meta"):
+                model = LuminaModel(self.model_config)
         else:
             model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
                                 device=self.device)
@@ -147,14 +150,16 @@ class LuminaModule(L.LightningModule):
         self._step_micro += 1
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        strategy_norm = getattr(self.trainer.strategy, "grad_norm", None)  # gradients on several meshes
+        """The total gradient 2-norm before clipping (a sharding strategy computes it across its meshes)."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        strategy_norm = getattr(self.trainer.strategy, "grad_norm", None)
         if strategy_norm is not None:
-            self._grad_norm = strategy_norm(self.parameters())
-            return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self._grad_norm = (torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
-                                                                 for g in grads]))
-                           if grads else torch.zeros((), device=self.device))
+            self._grad_norm = strategy_norm(params)
+        elif params:
+            self._grad_norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
+        else:
+            self._grad_norm = torch.zeros((), device=self.device)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         self._step_lr = optimizer.param_groups[0]["lr"]  # what this step applies (the scheduler steps after)
