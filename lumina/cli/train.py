@@ -24,7 +24,8 @@ def config_errors() -> tuple[type[BaseException], ...]:
 
 def one_line(error: BaseException) -> str:
     """The error's message on one line (Hydra's multi-line messages joined with ' | ')."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = str(error).split("Config search path:")[0]  # Hydra's search-path listing says nothing new
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return " | ".join(lines) or type(error).__name__
 
 
