@@ -22,6 +22,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from lumina.distributed.config import ParallelConfig
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
@@ -100,7 +101,8 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         model = getattr(module, "model", None)
         if model is None:
             raise TypeError(f"{type(self).__name__}: the LightningModule has no `model` after configure_model()")
-        self.parallelize_model(model, init_from=getattr(module, "init_from", None))
+        if not isinstance(model, FSDPModule):  # a later fit/validate call reuses the sharded model
+            self.parallelize_model(model, init_from=getattr(module, "init_from", None))
         super().setup(trainer)
 
     def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> Parallelized:
