@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from lumina.data.dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
 from lumina.data.packing import OVERLONG_POLICIES
 from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
-from lumina.data.sources import PackSource
+from lumina.data.sources import MixtureSource, PackSource
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class DataConfig:
     noise: dict[str, Any] = field(default_factory=dict)
     val_noise_t: float = 0.5
     val_seed: int = 1234
+    samples_per_epoch: int | None = None  # mixture slots per epoch (several sources); None = their total size
 
     def __post_init__(self) -> None:
         if self.seq_len <= 0:
@@ -67,6 +68,8 @@ class DataConfig:
             raise ValueError(f"DataConfig.overlong={self.overlong!r}: expected one of {OVERLONG_POLICIES}")
         if self.num_codebooks <= 0:
             raise ValueError(f"DataConfig.num_codebooks={self.num_codebooks}: must be positive")
+        if self.samples_per_epoch is not None and self.samples_per_epoch <= 0:
+            raise ValueError(f"DataConfig.samples_per_epoch={self.samples_per_epoch}: must be positive or null")
         if not 0.0 <= self.val_noise_t <= 1.0:
             raise ValueError(f"DataConfig.val_noise_t={self.val_noise_t}: must lie in [0, 1]")
         self.sources = [s if isinstance(s, SourceSpec) else SourceSpec(**s) for s in self.sources]
@@ -86,6 +89,17 @@ class PackCursorCallback(L.Callback):
         self.schedule.consumed()
 
 
+class MixtureLogCallback(L.Callback):
+    """Logs a mixture's realised source proportions of each epoch as `data/mix/<source>` (rank 0)."""
+
+    def __init__(self, source: MixtureSource) -> None:
+        self.source = source
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and trainer.logger is not None:
+            trainer.logger.log_metrics(self.source.mix(trainer.current_epoch).log_dict(), step=trainer.global_step)
+
+
 class LuminaDataModule(L.LightningDataModule):
     """Train / validation loaders of collated packs (B = 1, `batch_size=None`), one stream per DP rank."""
 
@@ -97,6 +111,8 @@ class LuminaDataModule(L.LightningDataModule):
         self.schedule = PackSchedule(train_source.lengths, config.seq_len, config.seed,
                                      config.overlong, train_source.sample_id)  # type: ignore[arg-type]
         self.cursor_callback = PackCursorCallback(self.schedule)
+        self.mixture_callback = (MixtureLogCallback(train_source) if isinstance(train_source, MixtureSource)
+                                 else None)
         self.sampler = PackSampler(self.schedule, epoch_fn=self._trainer_epoch)
 
     # --- ranks and trainer wiring ---
@@ -122,6 +138,8 @@ class LuminaDataModule(L.LightningDataModule):
                              "use_distributed_sampler=False (got True)")
         if not any(cb is self.cursor_callback for cb in trainer.callbacks):
             trainer.callbacks.insert(0, self.cursor_callback)
+        if isinstance(self.train_source, MixtureSource) and self.mixture_callback not in trainer.callbacks:
+            trainer.callbacks.append(self.mixture_callback)
 
     def _trainer_epoch(self) -> int:
         """The epoch the trainer is about to run (what Lightning passes to `set_epoch`), else the sampler's."""

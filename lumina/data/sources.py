@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +20,8 @@ from lumina.data.mixture import ConcatSampleDataset, EpochMix, MixturePlan
 from lumina.data.noise import NoiseConfig, cfg_dropout
 from lumina.data.sequence import TrainingSequence
 from lumina.data.storage import SampleDataset
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -93,6 +96,10 @@ class MixtureSource:
         """The mixture's draw for `epoch` (cached); `.proportions` are the realised shares to log."""
         if self._mix is None or self._mix.epoch != epoch:
             self._mix = self.mixture.epoch(epoch)
+            shares = ", ".join(f"{n} {p:.4f} (weight {self.mixture.weights[n]:.4f})"
+                               for n, p in self._mix.proportions.items())
+            log.info("epoch %d mixture of %d samples, realised proportions: %s", epoch,
+                     self.mixture.samples_per_epoch, shares)
         return self._mix
 
     def __len__(self) -> int:

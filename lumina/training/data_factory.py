@@ -1,5 +1,5 @@
-"""`build_datamodule`: the LuminaDataModule a training config asks for (built-in world or Parquet shards),
-checked against the model's sizes and, when given, a tokenizer.json's special tokens."""
+"""`build_datamodule`: the LuminaDataModule a training config asks for (built-in world and/or Parquet shards,
+one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json's special tokens."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.dataset import LayoutSource
+from lumina.data.dataset import LayoutSource, MixtureSource
+from lumina.data.mixture import ConcatSampleDataset, MixturePlan
 from lumina.data.noise import NoiseConfig
 from lumina.data.special_tokens import SpecialTokens
 from lumina.model.config import LuminaConfig
@@ -19,32 +20,49 @@ WORLD_OPTIONS = ("num_samples", "val_samples", "seed", "mix")
 
 
 def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataModule:
-    """data: the plain `cfg.data` mapping. One source: `path: null` is the built-in world (options
-    num_samples, val_samples, seed, mix), a path is Parquet shards (options val_path)."""
+    """data: the plain `cfg.data` mapping. Each source: `path: null` is the built-in world (options
+    num_samples, val_samples, seed, mix), a path is Parquet shards (options val_path). One source is laid
+    out as is; several form a weighted mixture (`MixtureSource`, `samples_per_epoch` slots per epoch, the
+    realised proportions logged every epoch) validated on the concatenation of their held-out sets."""
     data = dict(data)
     tokenizer = data.pop("tokenizer", None)
     config = DataConfig(**data)
-    if len(config.sources) != 1:
-        raise ConfigError(f"data.sources has {len(config.sources)} entries; lumina-train reads exactly one")
-    spec = config.sources[0]
+    if not config.sources:
+        raise ConfigError("data.sources is empty; list at least one source")
+    names = [spec.name for spec in config.sources]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"data.sources names {names}: must be unique")
     expected = expected_tokens(tokenizer, config, model) if tokenizer is not None else None
     noise = NoiseConfig(**config.noise)
-    if spec.path is None:
-        train, val = world_datasets(spec.options)
+    trains, vals = {}, {}
+    for i, spec in enumerate(config.sources):
+        if spec.path is None:
+            train, val = world_datasets(spec.options, i)
+        else:
+            train, val = parquet_datasets(spec.path, spec.options, expected, i)
+        check_tokens(train.tokens, config, model, expected)
+        trains[spec.name] = train
+        if val is not None:
+            vals[spec.name] = val
+    if len(trains) == 1:
+        (train,) = trains.values()
+        train_source = LayoutSource(train, noise, config.seed)
+        val = next(iter(vals.values()), None)
     else:
-        train, val = parquet_datasets(spec.path, spec.options, expected)
-    check_tokens(train.tokens, config, model, expected)
-    train_source = LayoutSource(train, noise, config.seed)
+        per_epoch = config.samples_per_epoch or sum(len(ds) for ds in trains.values())
+        mixture = MixturePlan(trains, {spec.name: spec.weight for spec in config.sources}, config.seed, per_epoch)
+        train_source = MixtureSource(mixture, noise, config.seed)
+        val = ConcatSampleDataset(vals) if vals else None
     val_source = None if val is None else LayoutSource(val, noise, config.val_seed, eval_t=config.val_noise_t)
     return LuminaDataModule(config, train_source, val_source)
 
 
-def world_datasets(options: dict[str, Any]):
+def world_datasets(options: dict[str, Any], index: int = 0):
     from lumina.data.world import build_world
 
     unknown = sorted(set(options) - set(WORLD_OPTIONS))
     if unknown:
-        raise ConfigError(f"data.sources[0].options.{unknown[0]}: unknown option of the built-in world "
+        raise ConfigError(f"data.sources[{index}].options.{unknown[0]}: unknown option of the built-in world "
                           f"(expected {WORLD_OPTIONS})")
     seed = int(options.get("seed", 0))
     train = build_world("train", int(options.get("num_samples", 2000)), seed, options.get("mix"))
@@ -53,16 +71,16 @@ def world_datasets(options: dict[str, Any]):
     return train.dataset, val.dataset
 
 
-def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens | None):
+def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens | None, index: int = 0):
     from lumina.data.storage import ParquetSampleDataset
 
     unknown = sorted(set(options) - {"val_path"})
     if unknown:
-        raise ConfigError(f"data.sources[0].options.{unknown[0]}: unknown option of a Parquet source "
+        raise ConfigError(f"data.sources[{index}].options.{unknown[0]}: unknown option of a Parquet source "
                           "(expected val_path)")
     for name, value in (("path", path), ("options.val_path", options.get("val_path"))):
         if value is not None and not Path(value).exists():
-            raise ConfigError(f"data.sources[0].{name}={value!r}: no such file or directory")
+            raise ConfigError(f"data.sources[{index}].{name}={value!r}: no such file or directory")
     train = ParquetSampleDataset(path, tokens=expected)
     val_path = options.get("val_path")
     val = ParquetSampleDataset(val_path, tokens=train.tokens) if val_path is not None else None
