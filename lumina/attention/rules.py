@@ -93,9 +93,9 @@ def allowed_mask(
 
     allowed = same segment & valid(q) & valid(k) & (rules, when turn_ids or is_clean is given; a missing one
     is all zeros). The full rules apply when block_ids has any value >= 0, else the simple rules. A missing
-    type_ids is all 1 (the official default). Positions at or after cu_seqlens[-1] are tail padding: they
-    belong to no segment and count as invalid, so they attend nothing and nothing attends them (`build_spec`
-    refuses a pack whose tail has token_valid true). O(S^2) memory: for tests and reference use.
+    type_ids is all 1 (the official default). Positions at or after cu_seqlens[-1] (tail padding) take the
+    last segment's id, as in the official mask: with token_valid false there (the only tail `build_spec`
+    accepts) they attend nothing and nothing attends them. O(S^2) memory: for tests and reference use.
     """
     token_valid = _as_flag("token_valid", token_valid.unsqueeze(0) if token_valid.dim() == 1 else token_valid)
     if token_valid.dim() != 2:
@@ -105,10 +105,9 @@ def allowed_mask(
     bounds = resolve_seg_bounds(cu_seqlens, seq_len)
     if bounds is None:
         raise ValueError(f"cu_seqlens must hold at least 2 entries, got {cu_seqlens.tolist()}")
-    seg = segment_ids(cu_seqlens.to(token_valid.device), seq_len)
-    packed = torch.arange(seq_len, device=token_valid.device) < bounds[-1]  # tail: in no segment, invalid
-    valid = token_valid & packed
-    allowed = (seg[:, None] == seg[None, :]).unsqueeze(0) & valid[:, :, None] & valid[:, None, :]
+    last = len(bounds) - 2  # the tail joins the last segment (official)
+    seg = segment_ids(cu_seqlens.to(token_valid.device), seq_len).clamp_max(last)
+    allowed = (seg[:, None] == seg[None, :]).unsqueeze(0) & token_valid[:, :, None] & token_valid[:, None, :]
     if turn_ids is None and is_clean is None:
         return allowed
     zeros = torch.zeros(1, seq_len, dtype=torch.long, device=token_valid.device)

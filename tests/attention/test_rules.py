@@ -138,9 +138,11 @@ def test_integer_flags_accepted_and_checked():
         allowed_mask(torch.tensor([1, 2, 0]), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="is_clean"):
         allowed_mask(valid, torch.tensor([0, 2]), is_clean=torch.tensor([0.0, 1.0, 0.0]))
-    # tail positions belong to no segment: invalid whatever token_valid says (build_spec refuses such packs)
-    tail = allowed_mask(torch.tensor([1, 1, 1, 1]), torch.tensor([0, 2]))[0]
-    assert tail.tolist() == [[True, True, False, False], [True, True, False, False], [False] * 4, [False] * 4]
+    # official: tail positions (>= cu_seqlens[-1]) take the last segment's id; a valid one joins it
+    # (build_spec refuses such packs, the reference rule still states the official mask)
+    tail = allowed_mask(torch.tensor([1, 1, 1, 1, 0]), torch.tensor([0, 2, 3]))[0]
+    assert tail.tolist() == [[True, True, False, False, False], [True, True, False, False, False],
+                             [False, False, True, True, False], [False, False, True, True, False], [False] * 5]
     assert allowed_mask(valid, [0, 2]).equal(allowed_mask(valid, torch.tensor([0, 2])))
 
 
@@ -170,13 +172,16 @@ def naive_pair(meta: dict[str, list], q: int, k: int, full: bool) -> bool:
     return prev or (same and yk != 3)
 
 
+@pytest.mark.parametrize("valid_tail", [False, True])
 @pytest.mark.parametrize("full", [True, False])
-def test_random_pack_matches_literal_rule_table(full):
+def test_random_pack_matches_literal_rule_table(full, valid_tail):
     batch = random_pack(seed=3, lengths=[9, 14, 5], tail=3, full_rules=full)
+    if valid_tail:  # official: the tail takes the last segment's id (build_spec refuses this pack)
+        batch.token_valid[0, 28:] = True
     cu = batch.cu_seqlens.tolist()
     seq_len = batch.seq_len
     meta = {
-        "seg": [sum(p >= b for b in cu[1:]) for p in range(seq_len)],
+        "seg": [min(sum(p >= b for b in cu[1:]), len(cu) - 2) for p in range(seq_len)],
         "valid": batch.token_valid[0].tolist(), "clean": batch.is_clean[0].tolist(),
         "turn": batch.turn_ids[0].tolist(), "block": batch.block_ids[0].tolist(),
         "type": batch.type_ids[0].tolist(),
@@ -184,4 +189,5 @@ def test_random_pack_matches_literal_rule_table(full):
     expected = torch.tensor([[naive_pair(meta, q, k, full) for k in range(seq_len)] for q in range(seq_len)])
     mask = mask_of(batch)
     assert mask.sum() > 0 and (~mask).sum() > 0
+    assert mask[:, 28:].any() == valid_tail  # some tail key is seen exactly when the tail is valid
     assert torch.equal(mask, expected)
