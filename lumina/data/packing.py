@@ -191,7 +191,7 @@ def _check_sequence(s: TrainingSequence, num_codebooks: int) -> None:
         if t.dim() != 2 or tuple(t.shape) != (n, num_codebooks):
             raise ValueError(f"sample {s.sample_id}: {name} has shape {list(t.shape)}, "
                              f"expected [{n}, {num_codebooks}]")
-    for name in ("turn_ids", "block_ids", "position_ids", "is_clean", "noise_t", "answer_mask"):
+    for name in ("type_ids", "turn_ids", "block_ids", "position_ids", "is_clean", "noise_t", "answer_mask"):
         t = getattr(s, name)
         if tuple(t.shape) != (n,):
             raise ValueError(f"sample {s.sample_id}: {name} has shape {list(t.shape)}, expected [{n}]")

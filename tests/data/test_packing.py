@@ -133,3 +133,7 @@ def test_collate_errors() -> None:
         collate_pack([make_seq("a", 5, 0), make_seq("b", 4, 0)], 8, PAD, 2)
     with pytest.raises(ValueError, match=r"sample a: input_ids has shape \[3, 2\], expected \[3, 8\]"):
         collate_pack([make_seq("a", 3, 0)], 8, PAD, 8)
+    two_d = make_seq("t", 3, 0)
+    two_d.type_ids = two_d.type_ids.view(3, 1)
+    with pytest.raises(ValueError, match=r"sample t: type_ids has shape \[3, 1\], expected \[3\]"):
+        collate_pack([two_d], 8, PAD, 2)
