@@ -121,11 +121,14 @@ class PackedBatch:
         self.answer_mask = as_bool_row("answer_mask", self.answer_mask, seq_len)
         cu = self.cu_seqlens
         if not isinstance(cu, torch.Tensor):
-            cu = torch.tensor(cu, dtype=torch.int32)
+            cu = torch.tensor(cu)  # no dtype: as_int64 refuses fractional values instead of truncating them
         if cu.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [n + 1], got shape {list(cu.shape)}")
         self.cu_seqlens = as_int64("cu_seqlens", cu).to(torch.int32)
         if self.seg_bounds is not None:
+            fractional = [b for b in self.seg_bounds if int(b) != b]
+            if fractional:
+                raise ValueError(f"seg_bounds must hold integers, got {fractional[:4]} in {list(self.seg_bounds)}")
             self.seg_bounds = tuple(int(b) for b in self.seg_bounds)
         if self.query_rows is not None:
             self.query_rows = as_int64("query_rows", self.query_rows).reshape(-1)

@@ -146,6 +146,19 @@ def test_integer_flags_accepted_and_checked():
     assert allowed_mask(valid, [0, 2]).equal(allowed_mask(valid, torch.tensor([0, 2])))
 
 
+def test_allowed_mask_validation_names_the_tensor():
+    valid = torch.ones(4, dtype=torch.bool)
+    cu = torch.tensor([0, 4])
+    with pytest.raises(ValueError, match=r"turn_ids has shape \[1, 3\]; expected \[S\] or \[B, S\] with B=1, S=4"):
+        allowed_mask(valid, cu, turn_ids=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="block_ids has dtype torch.float32"):
+        allowed_mask(valid, cu, turn_ids=torch.zeros(4, dtype=torch.long), block_ids=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"must end at or before S=4, got cu_seqlens\[-1\]=5"):
+        allowed_mask(valid, torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match=r"cu_seqlens must hold at least 2 entries \(one segment\), got \[0\]"):
+        allowed_mask(valid, torch.tensor([0]))
+
+
 def naive_pair(meta: dict[str, list], q: int, k: int, full: bool) -> bool:
     """The contract's rule table, transcribed literally for one (query, key) pair."""
     if meta["seg"][q] != meta["seg"][k] or not (meta["valid"][q] and meta["valid"][k]):

@@ -36,6 +36,15 @@ def test_bad_cu_seqlens_raise(cu, message):
 def test_float_cu_seqlens_raise():
     with pytest.raises(ValueError, match="cu_seqlens has dtype torch.float32"):
         resolve_seg_bounds(torch.tensor([0.0, 4.0]), 8)
+    with pytest.raises(ValueError, match="cu_seqlens must be 1-D"):
+        resolve_seg_bounds(torch.tensor([[0, 4]]), 8)
+    with pytest.raises(ValueError, match=r"cu_seqlens must hold integers, got \[2.5\]"):
+        resolve_seg_bounds([0, 2.5, 4], 8)
+    assert resolve_seg_bounds([0, 2.0, 4], 8) == (0, 2, 4)  # integral floats are exact
+    with pytest.raises(ValueError, match=r"cu_seqlens has non-integral values, e.g. \[2.5\]"):
+        _batch(cu_seqlens=[0, 2.5, 4])
+    with pytest.raises(ValueError, match=r"seg_bounds must hold integers, got \[2.5\]"):
+        _batch(cu_seqlens=[0, 2, 4], seg_bounds=(0, 2.5, 4))
 
 
 def test_valid_tail_raises():
@@ -80,9 +89,9 @@ def _batch(**override) -> PackedBatch:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["input_ids", "type_ids", "turn_ids", "block_ids", "position_ids"])
+@pytest.mark.parametrize("name", ["input_ids", "labels", "type_ids", "turn_ids", "block_ids", "position_ids"])
 def test_half_float_ids_raise(name, dtype):
-    value = _batch().__dict__[name].to(dtype)
+    value = _batch(labels=torch.zeros(4, 8, dtype=torch.long)).__dict__[name].to(dtype)
     with pytest.raises(ValueError, match=f"{name} has dtype {dtype}"):
         _batch(**{name: value})
 
