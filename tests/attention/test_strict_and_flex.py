@@ -120,6 +120,8 @@ def test_flash_varlen_matches_dense_on_plain_segments():
     dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
     out, grads = run("flash_varlen", batch, tensors, upstream)
     assert backend_calls() == {"sdpa_dense": 1, "flash_varlen": 1}
+    for t in [out, *grads]:
+        assert torch.isfinite(t).all()
     torch.testing.assert_close(out, dense_out, **TOLERANCE[torch.bfloat16])
     for g, ref in zip(grads, dense_grads, strict=True):
         torch.testing.assert_close(g, ref, **TOLERANCE[torch.bfloat16])
