@@ -85,3 +85,26 @@ def test_generate_rejects_words_outside_the_vocabulary(trained, tmp_path):
     cfg.output_dir = str(tmp_path / "bad")
     with pytest.raises(ValueError, match="'purple' is not in the vocabulary"):
         run(cfg)
+
+
+def test_generate_eval_matches_the_training_callback(trained, tmp_path):
+    """`task=eval` on the export, with the callback's knobs, reproduces the callback's in-training evaluation
+    (same items, answers and metrics): the CLI and the callback run the same evaluation."""
+    out = tmp_path / "eval"
+    done = _run([GENERATE, "task=eval", f"checkpoint={trained}/hf", "eval.num_items=1", "eval.split=val",
+                 "eval.seed=0", "eval.edit_cfg_scale=1.0", "text.gen_length=4", "text.block_length=4",
+                 "text.steps=2", "text.temperature=0.0", "image.steps=2", "image.cfg_scale=2.0",
+                 "image.temperature=1.0", f"hydra.run.dir={out}"], cwd=tmp_path)
+    report = json.loads((out / "eval.json").read_text())
+    callback = json.loads((trained / "eval" / "step000002.json").read_text())
+    for name in ("caption_acc", "vqa_acc", "text_qa_acc", "understand_acc", "t2i_score", "edit_score",
+                 "edit_changed"):
+        assert 0.0 <= report["metrics"][name] <= 1.0 and f"chance/{name}" in report["metrics"]
+        assert f"{name} " in done.stdout  # printed with its chance level
+    assert report["answers"] == callback["answers"]
+    assert report["metrics"] == callback["metrics"]
+    assert [len(report["answers"][t]) for t in ("caption", "vqa", "text_qa", "t2i", "edit")] == [1] * 5
+    samples = Image.open(out / "samples.png")
+    assert samples.size == (3 * 130, 2 * 130)  # t2i row + edit row, 4x upscaled
+    # the generated pictures themselves (decoded codes) agree pixel for pixel
+    assert samples.tobytes() == Image.open(trained / "eval" / "step000002.png").tobytes()
