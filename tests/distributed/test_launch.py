@@ -60,3 +60,30 @@ def test_a_distributed_launch_needs_a_pinned_dir_and_no_multirun() -> None:
     assert rank_overrides(lightning_child, {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == ["hydra/job_logging=stdout"]
     slurm = {"SLURM_NTASKS": "4", "SLURM_PROCID": "3"}
     assert rank_overrides(["hydra.run.dir=/x"], slurm) == ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+
+
+SLURM_TASK = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "0",
+              "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "7"}
+
+
+@pytest.mark.parametrize("under_submitit", [True, False])
+def test_slurm_requeue_belongs_to_submitit_when_it_launched_the_job(monkeypatch, under_submitit) -> None:
+    """Under submitit only submitit requeues: the Trainer's SLURM environment must have Lightning's
+    auto-requeue (its SIGUSR handler) off; a plain srun job keeps Lightning's default (on)."""
+    import lightning as L
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from lumina.distributed import FSDP2ExpertParallelStrategy
+
+    for key, value in SLURM_TASK.items():
+        monkeypatch.setenv(key, value)
+    if under_submitit:
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    else:
+        monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=FSDP2ExpertParallelStrategy(), logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    environment = trainer._accelerator_connector.cluster_environment
+    assert isinstance(environment, SLURMEnvironment)
+    assert environment.auto_requeue is (not under_submitit)
+    assert trainer.strategy.cluster_environment is environment
