@@ -254,6 +254,10 @@ def hang() -> None:
         print(f"PHASE {where} {time.monotonic():.3f}", flush=True)
 
     class Phase(L.Callback):
+        def on_train_start(self, trainer, module):  # the timeout the strategy gave the process group
+            timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout
+            print(f"PG_TIMEOUT {timeout.total_seconds():.1f}", flush=True)
+
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             mark("forward")
 

@@ -36,11 +36,13 @@ def _phases(output: str) -> list[tuple[str, float]]:
 
 def test_rule_off_fails_inside_backward_within_the_timeout(hang) -> None:
     """Gloo either aborts the process on the mismatched collective ("Is there a distributed collective
-    mismatch in your code?") or raises on the peer; both happen inside the first backward."""
+    mismatch in your code?") or raises on the peer; both happen inside the first backward. The strategy gave
+    the process group ParallelConfig.timeout_s (15 s here, not the 1800 s default)."""
     timeout_s = 15.0
     failures = 0
     for rank, proc in enumerate(hang.processes):
         phases = _phases(proc.stdout)
+        assert re.search(rf"^PG_TIMEOUT {timeout_s:.1f}$", proc.stdout, re.MULTILINE), proc.stdout[-2000:]
         assert [p for p, _ in phases] == ["setup", "forward", "backward"], (rank, phases, proc.stdout[-2000:])
         backward_at = phases[-1][1]
         result = re.search(r"^RESULT ([\d.]+) (.*)$", proc.stdout, re.MULTILINE)
