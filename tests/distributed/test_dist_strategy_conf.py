@@ -1,0 +1,71 @@
+"""conf/strategy/ builds the strategy it documents, and `parallelize` (what the strategy's setup calls)
+refuses a bad plan before it changes the model (one gloo rank in this process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_helpers import tiny_config
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from torch.distributed.fsdp import FSDPModule
+
+from lumina.distributed import (
+    OFFICIAL_PLAN,
+    FSDP2ExpertParallelStrategy,
+    ParallelConfig,
+    PlanError,
+    build_meshes,
+    parallelize,
+    parse_plan,
+)
+from lumina.model import GroupedExperts, LuminaModel
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _strategy(name: str, *overrides: str) -> FSDP2ExpertParallelStrategy:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"strategy={name}", *overrides])
+    return instantiate(cfg.strategy)
+
+
+def test_gpu_strategy_conf_is_bf16_params_fp32_reduce_with_activation_checkpointing() -> None:
+    strategy = _strategy("fsdp_ep_gpu", "strategy.parallel.ep=8")
+    assert isinstance(strategy, FSDP2ExpertParallelStrategy)
+    assert strategy.parallel == ParallelConfig(ep=8, param_dtype="bfloat16", reduce_dtype="float32",
+                                               activation_checkpointing=True)
+    assert strategy.rules == OFFICIAL_PLAN
+    assert strategy._timeout.total_seconds() == 1800  # handed to the process group
+
+
+def test_strategy_conf_rejects_a_bad_size_naming_it() -> None:
+    with pytest.raises(Exception, match=r"ParallelConfig.ep=0"):
+        _strategy("fsdp_ep", "strategy.parallel.ep=0")
+
+
+@pytest.fixture
+def one_rank_group(tmp_path: Path):
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("plan", "match"), [
+    (["model.layers.*.moe.w1"], r"match no parameter.*moe\.w1"),
+    (["model.layers.*.mlp.experts.gate_proj", "model.layers.*.mlp.experts.up_proj"],
+     r"leaves 2 expert tensor\(s\) unplaced.*down_proj"),
+])
+def test_parallelize_refuses_a_bad_plan_before_changing_the_model(one_rank_group, plan, match) -> None:
+    config = ParallelConfig()
+    with torch.device("meta"):
+        model = LuminaModel(tiny_config())
+    with pytest.raises(PlanError, match=match):
+        parallelize(model, build_meshes(config.resolve(1), "cpu"), config, parse_plan(plan), torch.device("cpu"))
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())
+    assert all(isinstance(m.experts, GroupedExperts) for m in model.moe_layers())
