@@ -87,6 +87,24 @@ def test_flex_block_table_skips_cross_segment_blocks():
                                     [False, False, True, False], [False, False, False, False]]
 
 
+def test_flex_block_mask_build_does_no_host_reads(monkeypatch):
+    """The BlockMask the first flex layer builds (then cached on the spec) reads no tensor values on the host."""
+    from lumina.attention.backends.flex import build_block_mask
+
+    spec = build_spec(random_pack(9, [24, 24, 40, 16], tail=8), backend="flex")
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("host read while building the flex BlockMask")
+
+    for name in ("tolist", "item", "__bool__", "nonzero", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    monkeypatch.setattr(torch, "nonzero", host_read)
+    block_mask = build_block_mask(spec)
+    monkeypatch.undo()
+    assert block_mask.kv_num_blocks.shape == (1, 1, 1)  # S = 112: one 128-block
+    assert int(block_mask.full_kv_num_blocks.sum()) == 0  # 4 segments share the block: not fully allowed
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
