@@ -46,8 +46,7 @@ class RoutingReplay:
             ids = routing.topk_ids
             if torch.is_grad_enabled():
                 queue.append(ids.detach())
-        chosen = routing.logits.sigmoid().gather(1, ids)
-        weights = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20) * router.routed_scaling_factor
+        weights = router.weigh(routing.logits.sigmoid(), ids)
         return Routing(logits=routing.logits, topk_ids=ids, topk_weights=weights)
 
     def remove(self) -> None:

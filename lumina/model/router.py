@@ -16,7 +16,8 @@ from lumina.model.config import LuminaConfig
 @dataclass
 class Routing:
     """One MoE layer's routing of T tokens: `logits` fp32 [T, E] (pre-sigmoid), `topk_ids` int64 [T, k],
-    `topk_weights` fp32 [T, k] (normalised unbiased scores times routed_scaling_factor)."""
+    `topk_weights` fp32 [T, k] (unbiased scores, normalised over the k when k > 1, times
+    routed_scaling_factor)."""
 
     logits: torch.Tensor
     topk_ids: torch.Tensor
@@ -62,6 +63,12 @@ class Router(nn.Module):
         logits = F.linear(x.float(), self.weight.float())  # [T, E]
         scores = logits.sigmoid()
         topk_ids = self.select(scores + self.expert_bias.float())
+        return Routing(logits=logits, topk_ids=topk_ids, topk_weights=self.weigh(scores, topk_ids))
+
+    def weigh(self, scores: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """Unbiased sigmoid scores [T, E] at the selected ids [T, k] -> combine weights fp32 [T, k]:
+        normalised over the k (skipped for k = 1, as in the official gate), times routed_scaling_factor."""
         chosen = scores.gather(1, topk_ids)
-        weights = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20) * self.routed_scaling_factor
-        return Routing(logits=logits, topk_ids=topk_ids, topk_weights=weights)
+        if self.top_k > 1:
+            chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20)
+        return chosen * self.routed_scaling_factor

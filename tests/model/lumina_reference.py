@@ -95,7 +95,9 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, expert_bias: torch.Tensor,
         chosen = sorted(candidates, key=lambda e: -biased[e])[:cfg.num_experts_per_tok]
         s = torch.stack([scores[t, e] for e in chosen])
         all_ids.append(chosen)
-        all_weights.append(s / (s.sum() + 1e-20) * cfg.routed_scaling_factor)
+        if len(chosen) > 1:  # the official gate normalises only for k > 1 (its code; the contract omits it)
+            s = s / (s.sum() + 1e-20)
+        all_weights.append(s * cfg.routed_scaling_factor)
     return logits, torch.tensor(all_ids), torch.stack(all_weights)
 
 

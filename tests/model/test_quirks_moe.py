@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from lumina_reference import moe as reference_moe
 from lumina_reference import route as reference_route
@@ -45,6 +47,21 @@ def test_router_weights_come_from_unbiased_scores_times_scaling_factor() -> None
     biased = s + router.expert_bias[got.topk_ids]
     assert not torch.allclose(got.topk_weights, biased / biased.sum(1, keepdim=True) * 2.5)
     assert got.topk_weights.dtype == torch.float32
+
+
+def test_top1_weight_is_the_score_times_the_scaling_factor_without_normalisation() -> None:
+    """The official gate normalises only when k > 1: a top-1 weight is sigmoid(logit) * 2.5, not 2.5."""
+    router = _router(num_experts_per_tok=1, routed_scaling_factor=2.5)
+    with torch.no_grad():
+        router.weight.zero_()
+        router.weight[5, 0] = 1.0  # logit of expert 5 = x[0]; every other logit 0
+        router.expert_bias.copy_(torch.zeros(16).index_fill(0, torch.tensor([5]), 1.0))  # select expert 5
+    x = torch.zeros(3, router.weight.shape[1])
+    x[:, 0] = torch.tensor([0.0, 2.0, -1.0])
+    got = router(x)
+    assert got.topk_ids.tolist() == [[5], [5], [5]]
+    want = torch.tensor([[0.5], [1 / (1 + math.exp(-2.0))], [1 / (1 + math.exp(1.0))]]) * 2.5
+    torch.testing.assert_close(got.topk_weights, want)
 
 
 def test_group_score_is_the_sum_of_the_two_best_biased_scores() -> None:
