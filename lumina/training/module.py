@@ -21,13 +21,7 @@ import torch
 from lumina.data.batch import PackedBatch
 from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
-from lumina.objective import (
-    LuminaObjective,
-    ObjectiveConfig,
-    ObjectiveResult,
-    gather_targets,
-    normalize_labels,
-)
+from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
 from lumina.training.freeze import freeze_parameters
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.model_factory import build_model
@@ -90,31 +84,24 @@ class LuminaModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         group = getattr(self.trainer.strategy, "dp_process_group", None)
-        self.objective.group = group
-        self.objective.bias_updater.group = group
+        self.objective.group = group  # token counts and expert-bias counts
         self.train_acc.set_process_group(group)
         self.val_acc.set_process_group(group)
 
     # ---- steps ----
-    def _objective(self, batch: PackedBatch) -> tuple[ObjectiveResult, torch.Tensor, torch.Tensor]:
-        """Forward + objective; also the image predictions and targets [Ni, C] for the accuracies."""
-        output = self.model(batch)
-        result = self.objective(output, batch)
-        with torch.no_grad():
-            labels = normalize_labels(batch.labels, batch.input_ids)
-            image_targets = gather_targets(labels, output.text_rows, output.image_rows).image
-            image_preds = output.image_logits.argmax(dim=-1)
-        return result, image_preds, image_targets
+    def _objective(self, batch: PackedBatch) -> ObjectiveResult:
+        """Forward + objective (the result also carries the predictions and targets for the accuracies)."""
+        return self.objective(self.model(batch), batch)
 
     def training_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
-        result, image_preds, image_targets = self._objective(batch)
-        self.train_acc.update(result.text_preds, result.text_targets, image_preds, image_targets)
+        result = self._objective(batch)
+        self.train_acc.update(result.text_preds, result.text_targets, result.image_preds, result.image_targets)
         self._accumulate(result, batch)
         return result.loss
 
     def validation_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
-        result, image_preds, image_targets = self._objective(batch)
-        self.val_acc.update(result.text_preds, result.text_targets, image_preds, image_targets)
+        result = self._objective(batch)
+        self.val_acc.update(result.text_preds, result.text_targets, result.image_preds, result.image_targets)
         log = dict(on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         self.log("val/loss", result.loss.detach(), prog_bar=True, **log)
         self.log("val/text_loss", result.text_loss, **log)
