@@ -1,7 +1,7 @@
 """Label normalisation and target gathering at the model output's supervised rows.
 
 Row semantics (official contract 5.2/5.3): a type-3 row is supervised when its column-0 label is not -100
-(text target = column 0, no shift); a type-4 row is supervised when any of its C labels is not -100, and
+(text target = column 0, no shift; labels in other columns with column 0 = -100 are an error); a type-4 row is supervised when any of its C labels is not -100, and
 then all C must be image codes in [0, codebook_size). Labels on rows of any other type are errors.
 """
 
@@ -86,6 +86,7 @@ def validate_supervision(
     text_rows, image_rows = text_rows.long(), image_rows.long()
     checks: dict[str, torch.Tensor] = {
         "other_type": labelled & (types != TEXT_ANSWER_TYPE) & (types != IMAGE_ANSWER_TYPE),
+        "text_column": labelled & (types == TEXT_ANSWER_TYPE) & (flat[:, 0] == IGNORE_INDEX),
         "invalid_token": (text_sup | image_sup) & ~valid,
         "text_range": text_sup & ((flat[:, 0] < 0) | (flat[:, 0] >= vocab_size)),
         "image_range": image_sup & ((flat < 0) | (flat >= codebook_size)).any(-1),
@@ -118,6 +119,9 @@ def _describe(check: str, row: int, row_labels: list[int], row_type: int, vocab_
     where = f"labels row {row} (b={row // seq_len}, s={row % seq_len}, type {row_type}) = {row_labels}"
     if check == "other_type":
         return f"{where}: only type-3 (text answer) and type-4 (image answer) rows may carry labels other than -100"
+    if check == "text_column":
+        return (f"{where}: a type-3 (text answer) row's target is column 0, which is -100 while other columns "
+                f"are labelled (the label would be dropped)")
     if check == "invalid_token":
         return f"{where}: supervised row has token_valid false"
     if check == "text_range":

@@ -114,6 +114,16 @@ def test_label_on_other_type_raises_naming_the_row() -> None:
         check(labels)
 
 
+def test_text_row_labelled_outside_column_zero_raises() -> None:
+    labels = good_labels()
+    labels[0, 2, 1] = 5  # type-3 row 2: column 0 stays -100, column 1 labelled
+    with pytest.raises(ValueError, match="row 2 .*type 3.*column 0"):
+        check(labels)
+    labels = good_labels()
+    labels[0, 1, 1] = 5  # a supervised text row may repeat its target in the other columns
+    check(labels)
+
+
 def test_partially_labelled_image_row_raises() -> None:
     labels = good_labels()
     labels[0, 4, 0] = 1  # second column stays -100
