@@ -44,12 +44,15 @@ def router_probs(router_logits: torch.Tensor, p_source: str) -> torch.Tensor:
 def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, token_valid: torch.Tensor,
                        p_source: str) -> torch.Tensor:
     """router_logits [B, S, E], topk_ids [B, S, k], token_valid [B, S] -> scalar E * sum_i f_i P_i.
-    Zero valid tokens give an exact 0 that stays in the graph."""
+    Zero valid tokens, or E <= 1 (nothing to balance; the official function returns 0 there too), give an
+    exact 0 that stays in the graph."""
     num_experts = router_logits.shape[-1]
     k = topk_ids.shape[-1]
     if router_logits.shape[:-1] != token_valid.shape:
         raise ValueError(f"router_logits has shape {list(router_logits.shape)}, token_valid "
                          f"{list(token_valid.shape)}")
+    if num_experts <= 1:
+        return router_logits.float().sum() * 0.0
     valid = token_valid.reshape(-1, 1).float()
     num_valid = valid.sum().clamp(min=1.0)
     probs = router_probs(router_logits, p_source).reshape(-1, num_experts)

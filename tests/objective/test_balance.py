@@ -93,6 +93,15 @@ def test_no_valid_token_gives_a_connected_zero() -> None:
     assert torch.isfinite(logits.grad).all()
 
 
+@pytest.mark.parametrize("p_source", ["sigmoid", "softmax"])
+def test_a_single_expert_gives_a_connected_zero_like_the_official_function(p_source: str) -> None:
+    # E = 1: f = [1], P = [1], so E * sum f P would be 1; contract 5.5 returns 0 for E <= 1
+    logits = torch.tensor([[[0.3], [-1.2], [2.0]]], requires_grad=True)
+    got = balance_loss([logits], [torch.zeros(1, 3, 1, dtype=torch.long)], torch.ones(1, 3, dtype=torch.bool),
+                       p_source)
+    assert got.item() == 0.0 and got.grad_fn is not None
+
+
 def test_objective_adds_coef_times_balance_loss() -> None:
     logits, topk, _ = tensors()
     out = HandOutput(text_logits=torch.zeros(0, 5), text_rows=torch.zeros(0, dtype=torch.long),
