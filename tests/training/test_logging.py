@@ -9,7 +9,7 @@ from conftest import compose_train, quiet, small_data
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lumina.training import build
-from lumina.training.run import run
+from lumina.training.run import run, summary
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,8 @@ def logged(tmp_path_factory):
     out = tmp_path_factory.mktemp("logged")
     cfg = compose_train(["experiment=debug", *quiet(out), *small_data(), "logger=tensorboard",
                          "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
-                         "callbacks.expert_usage.heatmap_every_n_steps=1", "callbacks.checkpoint=null"])
+                         "callbacks.expert_usage.heatmap_every_n_steps=1",
+                         "callbacks.checkpoint.every_n_train_steps=2"])
     outputs = run(cfg)
     events = EventAccumulator(str(outputs.tensorboard), size_guidance={"scalars": 0, "images": 0})
     events.Reload()
@@ -72,6 +73,20 @@ def test_expert_usage_scalars_and_heatmap(logged):
         assert 1.0 <= value <= 8.0, step  # between even and all tokens on one of 8 experts
     assert "experts/load_heatmap" in events.Tags()["images"]
     assert outputs.heatmap is not None and outputs.heatmap.is_file()
+
+
+def test_run_reports_where_its_outputs_are(logged):
+    outputs, _ = logged
+    assert outputs.checkpoint is not None and outputs.checkpoint.name == "last.ckpt" and outputs.checkpoint.is_file()
+    assert outputs.hf_export is not None and (outputs.hf_export / "config.json").is_file()
+    assert outputs.tensorboard is not None and any(outputs.tensorboard.glob("events.out.tfevents.*"))
+    assert outputs.heatmap is not None and outputs.heatmap.is_file()
+    text = summary(outputs)
+    for name, path in (("checkpoint", outputs.checkpoint), ("HF export", outputs.hf_export),
+                       ("TensorBoard", outputs.tensorboard), ("expert heatmap", outputs.heatmap)):
+        assert any(line.split()[:len(name.split())] == name.split() and line.rstrip().endswith(str(path))
+                   for line in text.splitlines()), (name, text)
+    assert "optimizer steps" in text.splitlines()[0] and "train loss" in text
 
 
 class Snapshot(L.Callback):
