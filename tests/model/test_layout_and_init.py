@@ -117,3 +117,19 @@ def test_meta_build_materialises_with_the_official_init() -> None:
     assert math.isclose(float(inv[1]), cfg.rope_theta ** (-2 / cfg.rotary_dims), rel_tol=1e-6)
     out = model(make_batch([1, 2, 3, 4, 4]))
     assert out.hidden.isfinite().all()
+
+
+@torch.no_grad()
+def test_init_weights_rewrites_every_tensor_of_a_meta_built_model() -> None:
+    """reset_parameters() everywhere: after to_empty, garbage in any parameter or buffer (persistent or not)
+    would survive init_weights() in a module without one."""
+    with torch.device("meta"):
+        model = LuminaModel(LuminaConfig.tiny())
+    model.to_empty(device="cpu")
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    for t in tensors.values():
+        t.fill_(float("nan") if t.is_floating_point() else -7)
+    model.init_weights()
+    left = [name for name, t in tensors.items() if (t.isnan() if t.is_floating_point() else t == -7).any()]
+    assert left == []
+    assert "model.rotary_emb.inv_freq" in tensors and "model.layers.1.mlp.load_counts" in tensors
