@@ -89,6 +89,15 @@ def parity() -> None:
                     "load": model.expert_load(), "host_syncs": host_syncs, "checks": tracker.checks})
 
 
+def parity_ep1() -> None:
+    """EP=1 (each rank holds all experts, FSDP-sharded over expert_fsdp=2): gradients and clipping norm."""
+    model = sharded(fresh_model(), ep=1)
+    batch = my_pack()
+    objective()(model(batch), batch).loss.backward()
+    save("parity_ep1", {"grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
+                        "local_expert_rows": model.moe_layers()[0].experts.gate_proj.grad.to_local().shape[0]})
+
+
 def checkpointing() -> None:
     """Activation checkpointing with routing replay: same expert load and gradients as without."""
     model = fresh_model(gradient_checkpointing=True)
@@ -294,6 +303,7 @@ def main() -> None:
         strategy_init_from(str(OUT / "hf_in"))
         return
     parity()
+    parity_ep1()
     checkpointing()
     mixed_precision()
     hf_load(str(OUT / "hf_in"))

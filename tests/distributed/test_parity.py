@@ -42,6 +42,18 @@ def test_every_reduced_gradient_equals_one_process(core, single_process) -> None
     assert experts[:4].abs().sum() > 0 and experts[4:].abs().sum() > 0  # both ep ranks' experts got tokens
 
 
+def test_ep1_expert_fsdp2_gradients_and_norm_equal_one_process(core, single_process) -> None:
+    """The other 2-rank layout: experts unsplit by ep, FSDP-sharded over expert_fsdp=2 (its own reduce-scatter
+    and divide factor)."""
+    for rank in (0, 1):
+        got = core("parity_ep1", rank)
+        assert got["local_expert_rows"] == 4  # 8 experts, FSDP dim-0 shards of 4
+        assert got["grads"].keys() == single_process["grads"].keys()
+        for name, grad in single_process["grads"].items():
+            torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        assert float(got["norm"]) == pytest.approx(float(single_process["norm"]), rel=1e-5)
+
+
 def test_clipping_norm_and_clipped_step_equal_one_process(core, single_process) -> None:
     for rank in (0, 1):
         got = core("parity", rank)
