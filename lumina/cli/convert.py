@@ -33,5 +33,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(1, f"lumina-convert: error: {err}\n")
     print(f"wrote {args.layout} checkpoint to {out}")
 
+
 if __name__ == "__main__":
     main()
