@@ -92,8 +92,8 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
     # ---- model ----
     def setup(self, trainer: L.Trainer) -> None:
         if type(self.precision_plugin) is not Precision:
-            raise ValueError(f"{type(self).__name__} needs trainer precision '32-true' (got "
-                             f"{type(self.precision_plugin).__name__}): mixed precision comes from "
+            raise ValueError(f"trainer.precision={trainer.precision!r}: {type(self).__name__} needs '32-true' "
+                             f"(got the {type(self.precision_plugin).__name__} plugin); mixed precision comes from "
                              "strategy.parallel.param_dtype (FSDP2 MixedPrecisionPolicy), never also autocast")
         self.precision_plugin = MeshAwarePrecision()
         self._check_run_dirs(trainer)

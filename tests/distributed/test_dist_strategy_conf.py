@@ -69,3 +69,13 @@ def test_parallelize_refuses_a_bad_plan_before_changing_the_model(one_rank_group
         parallelize(model, build_meshes(config.resolve(1), "cpu"), config, parse_plan(plan), torch.device("cpu"))
     assert not any(isinstance(m, FSDPModule) for m in model.modules())
     assert all(isinstance(m.experts, GroupedExperts) for m in model.moe_layers())
+
+
+def test_lightning_autocast_on_top_of_the_fsdp2_policy_is_refused_naming_the_value() -> None:
+    import lightning as L
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=FSDP2ExpertParallelStrategy(), precision="bf16-mixed",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    with pytest.raises(ValueError, match=r"trainer.precision='bf16-mixed'.*param_dtype"):
+        trainer.strategy.setup(trainer)
