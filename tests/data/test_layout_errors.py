@@ -8,8 +8,12 @@ from lumina.data.noise import NoiseConfig
 from lumina.data.schema import Media, Sample, Text, Turn
 
 
-def img(h=1, w=2, high=4096):
-    return Media("image", torch.randint(0, high, (h * w, 8)), (h, w))
+def img(h=1, w=2, bad_code=None):
+    """A valid random image grid; `bad_code` (if given) is written into one cell, deterministically."""
+    codes = torch.randint(0, 4096, (h * w, 8))
+    if bad_code is not None:
+        codes[-1, 3] = bad_code
+    return Media("image", codes, (h, w))
 
 
 CASES = {
@@ -45,7 +49,7 @@ def test_bad_structure_raises_in_layout_and_length(tokens, name):
 
 
 VALUE_CASES = {
-    "code out of range": ([Turn("user", [img(high=5000)]), Turn("assistant", [Text([10])])],
+    "code out of range": ([Turn("user", [img(bad_code=4096)]), Turn("assistant", [Text([10])])],
                           r"turns\[0\]\.parts\[0\]\.codes has values outside \[0, 4096\)"),
     "answer code out of range": ([Turn("user", [Text([5])]),
                                   Turn("assistant", [Media("image", torch.full((2, 8), 5001), (1, 2))])],
