@@ -81,3 +81,75 @@ def test_sampling_entry_reproduces_teacher_forcing_on_its_own_codes() -> None:
     forced = F.softmax(model.image_head(h, codes), dim=-1)
     assert torch.equal(forced.argmax(-1), codes)
     torch.testing.assert_close(forced.gather(2, codes[..., None])[..., 0], probs)
+
+
+# ---- one focused test per channel-head quirk (contract section 2 / 5.2), each computed by hand ----
+
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-6)
+    return y if weight is None else y * weight + bias
+
+
+def _set_modulation(linear: torch.nn.Linear, chunks: list[torch.Tensor]) -> None:
+    """adaLN Linear with zero weight: its output is the bias, i.e. the given chunks whatever the condition."""
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.bias.copy_(torch.cat(chunks))
+
+
+def test_block_modulation_chunks_are_shift_scale_gate_for_attention_then_mlp() -> None:
+    model = _model()
+    block = model.multi_codebook_head.channel_blocks[0]
+    dim = model.config.hidden_size
+    g = torch.Generator().manual_seed(3)
+    shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (torch.randn(dim, generator=g, dtype=torch.float64)
+                                                          for _ in range(6))
+    _set_modulation(block.adaLN_modulation[1], [shift_a, scale_a, gate_a, shift_m, scale_m, gate_m])
+    x = torch.randn(2, 4, dim, dtype=torch.float64)
+    cond = torch.randn(2, 4, dim, dtype=torch.float64)
+    mask = torch.zeros(4, 4, dtype=torch.float64)
+    normed = _layer_norm(x, block.norm1.weight, block.norm1.bias)
+    x1 = x + gate_a * block.attn(normed * (1 + scale_a) + shift_a, mask)
+    normed = _layer_norm(x1, block.norm2.weight, block.norm2.bias)
+    want = x1 + gate_m * block.mlp(normed * (1 + scale_m) + shift_m)
+    torch.testing.assert_close(block(x, cond, mask), want, rtol=1e-10, atol=1e-10)
+
+
+def test_final_layer_chunks_are_scale_then_shift() -> None:
+    model = _model()
+    final = model.multi_codebook_head.channel_final
+    dim = model.config.hidden_size
+    scale, shift = torch.randn(dim, dtype=torch.float64), torch.randn(dim, dtype=torch.float64)
+    _set_modulation(final.adaLN_modulation[1], [scale, shift])
+    x = torch.randn(3, 4, dim, dtype=torch.float64)
+    got = final(x, torch.randn(3, 4, dim, dtype=torch.float64))
+    torch.testing.assert_close(got, _layer_norm(x) * (1 + scale) + shift, rtol=1e-10, atol=1e-10)
+
+
+def test_head_input_adaln_condition_and_the_two_final_layer_norms() -> None:
+    """Block input [cond, emb_0..emb_{C-2}] + channel_embed with cond = condition_proj(h); adaLN condition at
+    position j = cond + timesteps_embeddings[j]; after the blocks channel_norm (affine) and then the final
+    layer's own parameter-free LayerNorm."""
+    model = _model()
+    head, cfg = model.multi_codebook_head, model.config
+    zeros = torch.zeros(2 * cfg.hidden_size, dtype=torch.float64)
+    _set_modulation(head.channel_final.adaLN_modulation[1], [zeros])
+    seen: dict[str, torch.Tensor] = {}
+    head.channel_blocks[0].register_forward_pre_hook(lambda m, args: seen.update(x=args[0], ada=args[1]))
+    head.channel_blocks[-1].register_forward_hook(lambda m, args, out: seen.update(last=out))
+    h = torch.randn(5, cfg.hidden_size, dtype=torch.float64)
+    codes = torch.randint(0, cfg.codebook_size, (5, cfg.num_codebooks))
+    states = head(h, model.model.embed_codes(codes)[:, :-1])
+
+    cond = h @ head.condition_proj.weight.T + head.condition_proj.bias
+    tables = model.model.img_embeddings
+    inputs = [cond] + [tables[c].weight[codes[:, c]] for c in range(cfg.num_codebooks - 1)]
+    torch.testing.assert_close(seen["x"], torch.stack(inputs, dim=1) + head.channel_embed, rtol=0, atol=1e-12)
+    for j in range(cfg.num_codebooks):
+        want = cond + head.timesteps_embeddings[0, j]
+        torch.testing.assert_close(seen["ada"][:, j], want, rtol=0, atol=1e-12)
+    # final modulation is zero here (scale = shift = 0): states = LayerNorm(channel_norm(last block output))
+    twice = _layer_norm(_layer_norm(seen["last"], head.channel_norm.weight, head.channel_norm.bias))
+    torch.testing.assert_close(states, twice, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(states, _layer_norm(seen["last"]), atol=1e-3)  # channel_norm is observable
