@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_pack
+from attn_helpers import random_pack
 
 from lumina.attention import allowed_mask, attend, backend_calls, build_spec, reset_backend_calls
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import C, N, pack, random_pack
+from attn_helpers import C, N, pack, random_pack
 
 from lumina.attention import allowed_mask
 

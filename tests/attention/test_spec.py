@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import C, pack, random_pack
+from attn_helpers import C, pack, random_pack
 
 from lumina.attention import build_spec, resolve_seg_bounds
 from lumina.data import PackedBatch

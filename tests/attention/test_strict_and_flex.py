@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_pack
+from attn_helpers import random_pack
 from test_backends import HEAD_DIM, HEADS, KV_HEADS, TOLERANCE, qkv, run
 
 from lumina.attention import attend, backend_calls, build_spec, reset_backend_calls
