@@ -100,6 +100,8 @@ def test_embedding_routes_rows_by_type_without_scale() -> None:
     torch.manual_seed(0)
     model = LuminaModel(cfg)
     batch = make_batch([1, 2, 3, 4, 0, 4, 2], seed=5)
+    text = torch.tensor([0, 2, 4])
+    batch.input_ids[0, text, 1:] = torch.tensor([11, 22, 33])  # only column 0 of a text row may count
     embeds, _ = model.model.embed(batch.input_ids, batch.type_ids)
     ids = batch.input_ids[0]
     bb = model.model
