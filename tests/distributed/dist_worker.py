@@ -89,13 +89,13 @@ def parity() -> None:
                     "load": model.expert_load(), "host_syncs": host_syncs, "checks": tracker.checks})
 
 
-def parity_ep1() -> None:
-    """EP=1 (each rank holds all experts, FSDP-sharded over expert_fsdp=2): gradients and clipping norm."""
-    model = sharded(fresh_model(), ep=1)
+def parity_layout(name: str, **flags) -> None:
+    """Another 2-rank layout (EP=1 x expert-FSDP=2, or HSDP replicate=2): gradients and clipping norm."""
+    model = sharded(fresh_model(), **flags)
     batch = my_pack()
     objective()(model(batch), batch).loss.backward()
-    save("parity_ep1", {"grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
-                        "local_expert_rows": model.moe_layers()[0].experts.gate_proj.grad.to_local().shape[0]})
+    save(name, {"grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
+                "local_expert_rows": model.moe_layers()[0].experts.gate_proj.grad.to_local().shape[0]})
 
 
 def checkpointing() -> None:
@@ -303,7 +303,8 @@ def main() -> None:
         strategy_init_from(str(OUT / "hf_in"))
         return
     parity()
-    parity_ep1()
+    parity_layout("parity_ep1", ep=1)
+    parity_layout("parity_hsdp", ep=1, replicate=2)
     checkpointing()
     mixed_precision()
     hf_load(str(OUT / "hf_in"))

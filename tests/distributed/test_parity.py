@@ -42,12 +42,13 @@ def test_every_reduced_gradient_equals_one_process(core, single_process) -> None
     assert experts[:4].abs().sum() > 0 and experts[4:].abs().sum() > 0  # both ep ranks' experts got tokens
 
 
-def test_ep1_expert_fsdp2_gradients_and_norm_equal_one_process(core, single_process) -> None:
-    """The other 2-rank layout: experts unsplit by ep, FSDP-sharded over expert_fsdp=2 (its own reduce-scatter
-    and divide factor)."""
+@pytest.mark.parametrize(("layout", "expert_rows"), [("parity_ep1", 4), ("parity_hsdp", 8)])
+def test_other_layouts_gradients_and_norm_equal_one_process(core, single_process, layout, expert_rows) -> None:
+    """EP=1 x expert-FSDP=2 (experts FSDP-sharded: 4 of 8 rows per rank) and HSDP replicate=2 x shard=1 (every
+    rank holds all 8; gradients all-reduced over the replicate dim): each reduction divides exactly once."""
     for rank in (0, 1):
-        got = core("parity_ep1", rank)
-        assert got["local_expert_rows"] == 4  # 8 experts, FSDP dim-0 shards of 4
+        got = core(layout, rank)
+        assert got["local_expert_rows"] == expert_rows
         assert got["grads"].keys() == single_process["grads"].keys()
         for name, grad in single_process["grads"].items():
             torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
