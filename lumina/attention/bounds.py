@@ -28,8 +28,9 @@ def check_bounds(bounds: Sequence[int], seq_len: int, name: str = "cu_seqlens") 
 
 
 def resolve_seg_bounds(cu_seqlens: torch.Tensor | Sequence[int] | None, seq_len: int) -> tuple[int, ...] | None:
-    """cu_seqlens [n + 1] -> validated host tuple (one device read). None when cu_seqlens is None or empty
-    (no packing information). Raises ValueError naming the offending values otherwise."""
+    """cu_seqlens [n + 1] -> validated host tuple (one device read). None when cu_seqlens is None or holds
+    fewer than 2 entries (no segment: the official packing path needs more than one entry). Raises
+    ValueError naming the offending values otherwise."""
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, torch.Tensor):
@@ -40,6 +41,6 @@ def resolve_seg_bounds(cu_seqlens: torch.Tensor | Sequence[int] | None, seq_len:
         values = cu_seqlens.tolist()
     else:
         values = list(cu_seqlens)
-    if not values:
+    if len(values) < 2:
         return None
     return check_bounds(values, seq_len)

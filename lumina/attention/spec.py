@@ -125,7 +125,7 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
     else:
         bounds = resolve_seg_bounds(cu, seq_len)
         if bounds is None:
-            raise ValueError("cu_seqlens is empty; a pack needs at least one segment [0, L]")
+            raise ValueError(f"cu_seqlens must hold at least 2 entries (one segment [0, L]), got {cu.tolist()}")
     if cu.dim() != 1 or cu.numel() != len(bounds):
         raise ValueError(f"cu_seqlens has shape {list(cu.shape)} but seg_bounds has {len(bounds)} entries "
                          f"{list(bounds)}")

@@ -155,7 +155,7 @@ def test_allowed_mask_validation_names_the_tensor():
         allowed_mask(valid, cu, turn_ids=torch.zeros(4, dtype=torch.long), block_ids=torch.zeros(4))
     with pytest.raises(ValueError, match=r"must end at or before S=4, got cu_seqlens\[-1\]=5"):
         allowed_mask(valid, torch.tensor([0, 5]))
-    with pytest.raises(ValueError, match=r"cu_seqlens must hold at least 2 entries \(one segment\), got \[0\]"):
+    with pytest.raises(ValueError, match=r"cu_seqlens must hold at least 2 entries, got \[0\]"):
         allowed_mask(valid, torch.tensor([0]))
 
 

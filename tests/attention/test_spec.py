@@ -15,6 +15,7 @@ def test_resolve_seg_bounds():
     assert resolve_seg_bounds(torch.tensor([0, 8]), 8) == (0, 8)
     assert resolve_seg_bounds(None, 8) is None
     assert resolve_seg_bounds(torch.zeros(0, dtype=torch.int32), 8) is None
+    assert resolve_seg_bounds(torch.tensor([0]), 8) is None  # one entry: no segment (official: not packed)
 
 
 @pytest.mark.parametrize(("cu", "message"), [
@@ -22,7 +23,6 @@ def test_resolve_seg_bounds():
     ([0, 4, 4, 6], r"strictly increase, got cu_seqlens\[1\]=4 >= cu_seqlens\[2\]=4"),
     ([0, 5, 3], r"strictly increase, got cu_seqlens\[1\]=5 >= cu_seqlens\[2\]=3"),
     ([0, 9], r"end at or before S=8, got cu_seqlens\[-1\]=9"),
-    ([0], r"at least 2 entries"),
 ])
 def test_bad_cu_seqlens_raise(cu, message):
     with pytest.raises(ValueError, match=message):
@@ -30,6 +30,14 @@ def test_bad_cu_seqlens_raise(cu, message):
     batch = pack([(1, 0, -1, C)] * 8, cu=[0, 8])
     batch.cu_seqlens = torch.tensor(cu, dtype=torch.int32)
     with pytest.raises(ValueError, match=message):
+        build_spec(batch)
+
+
+@pytest.mark.parametrize("cu", [[0], []])
+def test_pack_without_a_segment_raises(cu):
+    batch = pack([(1, 0, -1, C)] * 8, cu=[0, 8])
+    batch.cu_seqlens = torch.tensor(cu, dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"cu_seqlens must hold at least 2 entries .*got \[{cu[0] if cu else ''}\]"):
         build_spec(batch)
 
 
