@@ -137,3 +137,12 @@ def test_spec_facts():
     batch.token_valid[0, :12] = True
     spec = build_spec(batch)
     assert not spec.full_rules and spec.has_invalid  # the tail stays invalid
+
+
+def test_segments_come_from_cu_seqlens_not_position_restarts():
+    """The clean answer memory restarts position ids inside a sample: still one segment."""
+    batch = pack([(1, 0, -1, C)] * 6, cu=[0, 6])
+    batch.position_ids = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    spec = build_spec(batch, backend="segmented")
+    assert spec.bounds == (0, 6) and spec.seg_id.tolist() == [[0] * 6]
+    assert spec.allowed(slice(0, 6), slice(0, 6)).all()  # clean, one turn: every pair, across the restart
