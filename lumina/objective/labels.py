@@ -128,7 +128,8 @@ def _describe(check: str, row: int, row_labels: list[int], row_type: int, vocab_
         return f"{where}: text target (column 0) must lie in [0, vocab_size={vocab_size}) or be -100"
     if check == "image_range":
         return (f"{where}: a supervised image row needs all codebook labels in [0, codebook_size={codebook_size}) "
-                f"(legacy one-column labels cannot supervise images)")
+                f"(valid image labels must be non-negative, all C of them; legacy one-column labels cannot "
+                f"supervise images)")
     if check == "noise_t":
         return f"{where}: inverse_t weighting needs noise_t > 0 at every supervised text row"
     return f"{where}: inverse_t weighting needs answer_mask true at every supervised text row"

@@ -127,7 +127,7 @@ def test_text_row_labelled_outside_column_zero_raises() -> None:
 def test_partially_labelled_image_row_raises() -> None:
     labels = good_labels()
     labels[0, 4, 0] = 1  # second column stays -100
-    with pytest.raises(ValueError, match="row 4 .*codebook_size=4"):
+    with pytest.raises(ValueError, match="row 4 .*codebook_size=4.*must be non-negative"):
         check(labels, image_rows=[3, 4])
 
 
