@@ -154,3 +154,53 @@ def test_config_errors_name_the_field():
 def test_image_prompt_needs_a_grid(tiny_model, tokens):
     with pytest.raises(ValueError, match="grid"):
         generate_images(tiny_model, [Prompt([Text([20])], key=0)], tokens, ImageSamplingConfig(steps=1))
+
+
+# sharpened codebook heads: per-codebook probabilities that rank cells differently under the mean than under
+# the min, the product or one codebook alone (each of those fails one of the two cases)
+@pytest.mark.parametrize("sharpness", [(40.0, 10.0, 3.0, 1.0), (10.0, 10.0, 10.0, 10.0)])
+def test_remasking_keeps_the_least_confident_cells_by_mean_codebook_probability(tiny_model, tokens, sharpness):
+    """Temperature 0, no guidance: each step samples every masked cell's C codes by argmax through the channel
+    head, scores a cell by the mean of its C softmax probabilities, and masks again the keep_k least confident
+    cells; the others keep their codes for good. Reference: a separate forward of each step's input and a
+    naive argmax sampling function."""
+    grid, steps = (3, 4), 4
+    n0 = grid[0] * grid[1]
+    keeps = [11, 8, 4, 0]  # floor(12 cos(k pi/8)) for k = 1, 2, 3; the last step 0
+    with torch.no_grad():
+        for table, factor in zip(tiny_model.lm_img_head, sharpness, strict=True):
+            table.weight.mul_(factor)
+    seen = []
+    real_backbone = tiny_model.backbone
+
+    def recording_backbone(batch):
+        seen.append(copy.deepcopy(batch))
+        return real_backbone(batch)
+
+    tiny_model.backbone = recording_backbone
+    (answer,) = generate_images(tiny_model, [Prompt([Text([20, 21])], key=0, grid=grid)], tokens,
+                                ImageSamplingConfig(steps=steps, temperature=0.0, cfg_scale=0.0))
+    del tiny_model.backbone
+    head = len(layout_prompt([Text([20, 21])], tokens))
+    cells = torch.tensor([head + 2 + r * (grid[1] + 1) + c for r in range(grid[0]) for c in range(grid[1])])
+
+    def argmax_fn(logits, codebook):
+        probs = torch.softmax(logits.double(), dim=-1)
+        return probs.argmax(dim=-1), probs.max(dim=-1).values
+
+    outcomes = [b.input_ids[0, cells] for b in seen[1:]] + [answer.codes]
+    assert len(seen) == steps
+    for step in range(steps):
+        before = seen[step].input_ids[0, cells]  # [n0, C]
+        masked = [i for i in range(n0) if (before[i] == tokens.image_mask).all()]
+        assert len(masked) == (n0 if step == 0 else keeps[step - 1])
+        with torch.no_grad():
+            h = tiny_model.backbone(seen[step])[0, cells[masked]]
+            codes, probs = tiny_model.multi_codebook_head.sample(h, argmax_fn, tiny_model.model.img_embeddings,
+                                                                 tiny_model.lm_img_head)
+        confidence = probs.mean(dim=1)
+        least = sorted(range(len(masked)), key=lambda j: confidence[j].item())[:keeps[step]]
+        expected = before.clone()
+        for j, i in enumerate(masked):
+            expected[i] = tokens.image_mask if j in least else codes[j]
+        assert torch.equal(outcomes[step], expected), step

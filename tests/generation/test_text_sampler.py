@@ -132,3 +132,25 @@ def test_config_errors_name_the_field():
         TextSamplingConfig(block_length=4, steps=8)
     with pytest.raises(ValueError, match="threshold"):
         TextSamplingConfig(threshold=1.5)
+
+
+def test_commits_are_the_most_confident_argmax_slots(tiny_model, tokens):
+    """At temperature 0 each step commits, per the linear schedule, the masked slots whose softmax probability
+    of their argmax token is highest, with that token; reference: a separate forward of each step's input."""
+    seen = _recording(tiny_model)
+    block, steps = 8, 4
+    (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21, 22])], key=0)], tokens,
+                              TextSamplingConfig(gen_length=block, block_length=block, steps=steps))
+    del tiny_model.backbone  # the recording wrapper; the model's own method again
+    assert len(seen) == steps
+    outcomes = [b.input_ids[0, -block:, 0] for b in seen[1:]] + [torch.tensor(answer.raw)]
+    for step in range(steps):
+        before = seen[step].input_ids[0, -block:, 0]
+        with torch.no_grad():
+            logits = tiny_model.text_head(tiny_model.backbone(seen[step])[0, -block:]).double()
+        best_p, best_id = torch.softmax(logits, dim=-1).max(dim=-1)
+        masked = [i for i in range(block) if before[i] == tokens.text_mask]
+        expected = before.clone()
+        for i in sorted(masked, key=lambda i: -best_p[i].item())[:block // steps]:
+            expected[i] = best_id[i]
+        assert torch.equal(outcomes[step], expected), step
