@@ -41,8 +41,10 @@ def image_prompt(key: int) -> Prompt:
 
 
 def run_worker(rank: int, world: int, init_file: str, out_dir: str, text_keys: list[list[int]],
-               image_keys: list[list[int]]) -> None:
+               image_keys: list[list[int]], eval_keys: list[int]) -> None:
     from torch.distributed.fsdp import fully_shard
+
+    from lumina.generation.world_eval import _sharded
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -65,6 +67,9 @@ def run_worker(rank: int, world: int, init_file: str, out_dir: str, text_keys: l
             texts = generate_text(model, [text_prompt(k) for k in text_keys[rank]], TOKENS, TEXT)
             images = generate_images(model, [image_prompt(k) for k in image_keys[rank]], TOKENS, IMAGE)
             results[name] = {"text": [a.raw for a in texts], "images": [a.codes for a in images]}
+            if name == "fsdp":  # the evaluation's split: items rank, rank + world, ..., gathered back in order
+                results["eval_text"] = _sharded([text_prompt(k) for k in eval_keys], lambda ps, m=model: [
+                    a.raw for a in generate_text(m, ps, TOKENS, TEXT)])
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:

@@ -1,6 +1,7 @@
 """Two gloo processes, FSDP2 (`fully_shard` per decoder layer + root) and lumina's FSDP2 + expert-parallel plan
 (all-to-all MoE dispatch): ranks with different numbers of prompts whose answers end at different blocks finish
-(no collective desync) and sample exactly what one process samples."""
+(no collective desync) and sample exactly what one process samples; the world evaluation's item split
+(`_sharded`) gathers every rank's answers back in order."""
 
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ def test_fsdp2_ranks_stopping_at_different_blocks_complete(tmp_path):
     assert blocks[early] < blocks[late]  # the ranks really stop at different blocks
     text_keys = [[early], [late, other]]  # rank 0: one prompt, done early; rank 1: two prompts
     image_keys = [[0], [1, 2]]
+    eval_keys = [early, late, other]  # the evaluation's share: rank 0 items 0 and 2, rank 1 item 1
     image_reference = {k: a.codes for k, a in zip([0, 1, 2], generate_images(
         model, [image_prompt(k) for k in (0, 1, 2)], TOKENS, IMAGE), strict=True)}
 
-    ctx = mp.start_processes(run_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), text_keys, image_keys),
+    ctx = mp.start_processes(run_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), text_keys, image_keys,
+                                                   eval_keys),
                              nprocs=WORLD, join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=1.0):
@@ -48,3 +51,4 @@ def test_fsdp2_ranks_stopping_at_different_blocks_complete(tmp_path):
             assert out["text"] == [reference[k] for k in text_keys[rank]], name
             for codes, k in zip(out["images"], image_keys[rank], strict=True):
                 assert torch.equal(codes, image_reference[k]), name
+        assert results["eval_text"] == [reference[k] for k in eval_keys]  # every rank holds all, in order
