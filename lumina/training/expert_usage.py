@@ -26,7 +26,8 @@ class ExpertUsageCallback(L.Callback):
         self.heatmap_every_n_steps = heatmap_every_n_steps
         self.heatmap_path = Path(heatmap_path) if heatmap_path else None
         self.per_layer = per_layer
-        self._window: torch.Tensor | None = None  # [L, E] local counts since the last heatmap
+        self._window: torch.Tensor | None = None  # [L, E] rank-summed counts since the last heatmap
+        self._window_first_step = 1  # first optimizer step (1-based) in the window
         self.heatmaps_written = 0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -35,7 +36,10 @@ class ExpertUsageCallback(L.Callback):
         if not getattr(pl_module, "step_completed", False) or load is None or load.numel() == 0:
             return
         step_load = trainer.strategy.reduce(load.clone(), reduce_op="sum")
-        self._window = step_load if self._window is None else self._window + step_load
+        if self._window is None:
+            self._window, self._window_first_step = step_load, trainer.global_step  # steps completed, 1-based
+        else:
+            self._window = self._window + step_load
         stats = load_stats(step_load)
         scalars = {f"experts/{name}": values.mean().item() for name, values in stats.items()}
         if self.per_layer:
@@ -54,9 +58,9 @@ class ExpertUsageCallback(L.Callback):
         window, self._window = self._window, None
         if window is None or not trainer.is_global_zero:
             return
-        step = trainer.global_step
+        step, first = trainer.global_step, self._window_first_step
         figure = draw_heatmap(window, first_layer=_first_moe_layer(pl_module),
-                              title=f"expert load, steps up to {step}")
+                              title=f"expert load, optimizer steps {first}-{step}")
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_figure("experts/load_heatmap", figure, global_step=step, close=False)
