@@ -17,6 +17,7 @@ from torch import nn
 from lumina.data.noise import stable_seed
 from lumina.data.packing import collate_pack
 from lumina.data.schema import Text
+from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.guidance import guide_dual, guide_single
@@ -84,6 +85,10 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
             rows_of_branch.append((rows + offset).to(device))
             offset += len(seq)
         cell_rows.append(rows_of_branch)
+    # single guidance with a negative branch identical to the conditional one (the prompt is already
+    # `<uncondition>`, no media) guides nothing: h = h_c (contract 6.3)
+    n = len(prompts)
+    unguided = [len(branches) == 2 and _same_sequence(sequences[i], sequences[n + i]) for i in range(n)]
     batch = collate_pack(sequences, offset, tokens.pad, tokens.num_codebooks).to(device)
     generators = [_generator(config.seed, p.key, device) for p in prompts]
     num_cells = [p.grid[0] * p.grid[1] for p in prompts]
@@ -99,7 +104,7 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
 
     for step in range(config.steps):
         hidden = model.backbone(batch)[0]
-        guided = [_guide(hidden, cell_rows, i, masked[i], config) for i in range(len(prompts))]
+        guided = [_guide(hidden, cell_rows, i, masked[i], config, unguided[i]) for i in range(len(prompts))]
         new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
         confidence = probs.double().mean(dim=1)
         start = 0
@@ -125,12 +130,18 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
 
 
 def _guide(hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]], i: int, masked: torch.Tensor,
-           config: ImageSamplingConfig) -> torch.Tensor:
-    """Guided hidden states [n_masked, H] of prompt i's masked cells."""
+           config: ImageSamplingConfig, unguided: bool = False) -> torch.Tensor:
+    """Guided hidden states [n_masked, H] of prompt i's masked cells (h_c when `unguided`)."""
     states = [hidden[rows[i][masked]] for rows in cell_rows]
     if config.dual:
         return guide_dual(states[0], states[1], states[2], config.text_scale, config.image_scale)
-    return guide_single(states[0], states[1] if len(states) > 1 else None, config.cfg_scale)
+    return guide_single(states[0], None if unguided or len(states) == 1 else states[1], config.cfg_scale)
+
+
+def _same_sequence(a: TrainingSequence, b: TrainingSequence) -> bool:
+    """Two branches' sequences agree in every id and metadata column the backbone reads."""
+    names = ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean")
+    return len(a) == len(b) and all(torch.equal(getattr(a, k), getattr(b, k)) for k in names)
 
 
 def _generator(seed: int, key: int | str, device: torch.device) -> torch.Generator:

@@ -204,3 +204,33 @@ def test_remasking_keeps_the_least_confident_cells_by_mean_codebook_probability(
         for j, i in enumerate(masked):
             expected[i] = tokens.image_mask if j in least else codes[j]
         assert torch.equal(outcomes[step], expected), step
+
+
+def test_identical_branches_guide_nothing(tiny_model, tokens):
+    """A prompt that already is `<uncondition>` (no media): the negative branch equals the conditional one, so
+    the guided state is h_c itself (contract 6.3), not (1 + s) h_c - s h_u with its rounding."""
+    s, grid = 3.0, (2, 2)
+    prompts = [Prompt([Text([tokens.uncondition])], key=0, grid=grid), Prompt([Text([20, 21])], key=1, grid=grid)]
+    seen = []
+    real_backbone = tiny_model.backbone
+
+    def recording_backbone(batch):
+        seen.append(copy.deepcopy(batch))
+        return real_backbone(batch)
+
+    tiny_model.backbone = recording_backbone
+    trace: list[StepTrace] = []
+    generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=1, cfg_scale=s), trace=trace)
+    del tiny_model.backbone
+    with torch.no_grad():
+        hidden = tiny_model.backbone(seen[0])[0]  # the same pack again: bitwise the sampler's hidden states
+    # pack order: branch-major, [cond p0, cond p1, uncond p0, uncond p1]; a segment is its prompt + 10 answer
+    # rows (BOA BOI, 2 x (2 cells, marker), EOI EOA); p1's negative prompt is p0's prompt
+    lengths = [len(layout_prompt(p.parts, tokens)) for p in prompts] + [len(layout_prompt(prompts[0].parts,
+                                                                                          tokens))] * 2
+    starts = [sum(n + 10 for n in lengths[:i]) for i in range(4)]
+    cells = torch.tensor([2 + r * 3 + c for r in range(2) for c in range(2)])
+    h = [hidden[start + lengths[i] + cells] for i, start in enumerate(starts)]
+    assert torch.equal(h[0], h[2])  # the two branches of prompt 0 really are the same
+    assert torch.equal(trace[0].guided[0], h[0])
+    torch.testing.assert_close(trace[0].guided[1], (1 + s) * h[1] - s * h[3], rtol=0, atol=0)
