@@ -2,7 +2,7 @@
 sparse mesh, so `torch.nn.utils.clip_grad_norm_` (which stacks per-tensor norms) cannot combine them.
 
 Per (mesh, placements) group the squared local shards are summed and reduced once over the mesh dims that
-shard (replicated dims are not double counted); the groups' sums plus any plain tensors' give the norm."""
+are not Replicate (replicated dims are not double counted); the groups' sums plus any plain tensors' give the norm."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def total_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32)
     for (mesh, placements), grads in groups.items():
         local = torch.stack([g.to_local().float().pow(2).sum() for g in grads]).sum()
-        reduce_as = [Partial() if p.is_shard() or p.is_partial() else Replicate() for p in placements]
+        # every non-replicated dim splits the tensor (Shard, and FSDP2's _StridedShard on the expert-fsdp dim of
+        # an ep-sharded tensor, which is no Shard subclass: is_shard() is False for it)
+        reduce_as = [Replicate() if p.is_replicate() else Partial() for p in placements]
         total = total.to(local.device) + DTensor.from_local(local, mesh, reduce_as, run_check=False).full_tensor()
     for grad in plain:
         total = total.to(grad.device) + grad.float().pow(2).sum()

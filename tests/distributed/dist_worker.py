@@ -129,6 +129,22 @@ def hf_load(hf_dir: str) -> None:
     export_hf(model, OUT / "hf_export")
 
 
+def four_ranks(hf_dir: str) -> None:
+    """4 ranks, EP=2 x expert-FSDP=2 (expert tensors Shard(0) on ep and FSDP2's _StridedShard on expert_fsdp):
+    the split HF checkpoint read into a meta-initialised model, then one backward on this rank's pack."""
+    with torch.device("meta"):
+        model = LuminaModel(tiny_config())
+    sharded(model)
+    load_hf_sharded(model, hf_dir)
+    weights = full_state_dict(model, all_ranks=True)
+    batch = make_pack(FEW if RANK % 2 == 0 else MANY, seed=10 + RANK % 2)
+    objective()(model(batch), batch).loss.backward()
+    gate = model.moe_layers()[0].experts.gate_proj
+    save("four", {"weights": weights, "grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
+                  "placements": [type(p).__name__ for p in gate.placements],
+                  "local_expert_rows": gate.to_local().shape[0]})
+
+
 # ---------------------------------------------------------------- Lightning runs
 class FixedPacks(L.LightningDataModule):
     """Rank r trains pack `packs[r]` at every step."""
@@ -299,6 +315,10 @@ def main() -> None:
         return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     RANK = dist.get_rank()
+    if scenario == "four":
+        four_ranks(str(OUT / "hf_in"))
+        dist.destroy_process_group()
+        return
     if scenario == "init_from":  # one part alone, for debugging
         strategy_init_from(str(OUT / "hf_in"))
         return
