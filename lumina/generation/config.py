@@ -12,9 +12,11 @@ class TextSamplingConfig:
     gen_length: answer budget in tokens (rounded up to whole blocks); block_length: tokens per block;
     steps: denoising steps per block (linear schedule); temperature 0 = argmax; top_k / top_p filters;
     threshold: commit every masked slot whose confidence exceeds it when at least the scheduled number do
-    (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward."""
+    (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward.
+    Defaults are the official text-understanding ones (contract 6.2: 1024 tokens, blocks of 32, 32 steps,
+    temperature 0, seed 65513)."""
 
-    gen_length: int = 128
+    gen_length: int = 1024
     block_length: int = 32
     steps: int = 32
     temperature: float = 0.0
@@ -46,9 +48,11 @@ class ImageSamplingConfig:
 
     steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
     cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then
-    cfg_scale must be 0); batch_size: prompts per forward (all guidance branches run in the same pack)."""
+    cfg_scale must be 0); batch_size: prompts per forward (all guidance branches run in the same pack).
+    Defaults are the official text-to-image ones (contract 6.3: 96 steps, s = 3.0, temperature 1.0); the
+    official editing defaults are steps=64, cfg_scale=1.0."""
 
-    steps: int = 32
+    steps: int = 96
     temperature: float = 1.0
     cfg_scale: float = 3.0
     text_scale: float = 0.0

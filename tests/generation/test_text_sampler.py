@@ -154,3 +154,15 @@ def test_commits_are_the_most_confident_argmax_slots(tiny_model, tokens):
         for i in sorted(masked, key=lambda i: -best_p[i].item())[:block // steps]:
             expected[i] = best_id[i]
         assert torch.equal(outcomes[step], expected), step
+
+
+def test_defaults_are_the_official_ones():
+    """Contract 6.2 (text: 1024 tokens, blocks of 32, 32 steps, temperature 0, no threshold, seed 65513) and
+    6.3 (text-to-image: 96 steps, s = 3.0, temperature 1.0, single guidance)."""
+    from lumina.generation import ImageSamplingConfig
+
+    text = TextSamplingConfig()
+    assert (text.gen_length, text.block_length, text.steps, text.temperature, text.threshold, text.seed) == (
+        1024, 32, 32, 0.0, None, 65513)
+    image = ImageSamplingConfig()
+    assert (image.steps, image.cfg_scale, image.temperature, image.dual, image.seed) == (96, 3.0, 1.0, False, 65513)
