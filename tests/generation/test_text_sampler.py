@@ -166,3 +166,21 @@ def test_defaults_are_the_official_ones():
         1024, 32, 32, 0.0, None, 65513)
     image = ImageSamplingConfig()
     assert (image.steps, image.cfg_scale, image.temperature, image.dual, image.seed) == (96, 3.0, 1.0, False, 65513)
+
+
+def test_third_block_metadata_by_hand(tiny_model, tokens):
+    """Contract 6.2 at block 2 (block_length 3): prompt clean in turn 0 with block -1; BOA noisy, turn 1, block
+    0, type 1 at position P; finished answers clean, type 3, block offset // 3; the current block noisy."""
+    seen = _recording(tiny_model)
+    generate_text(tiny_model, [Prompt([Text([30, 31])], key=0)], tokens,
+                  TextSamplingConfig(gen_length=9, block_length=3, steps=1))
+    third = seen[2]
+    user = [tokens.user_open, 30, 31, tokens.user_close]
+    assert third.input_ids[0, :5, 0].tolist() == user + [tokens.boa]
+    assert third.input_ids[0, -3:, 0].tolist() == [tokens.text_mask] * 3
+    assert (third.input_ids[0, 5:11, 0] != tokens.text_mask).all()
+    assert third.type_ids[0].tolist() == [1] * 5 + [3] * 9
+    assert third.turn_ids[0].tolist() == [0] * 4 + [1] * 10
+    assert third.block_ids[0].tolist() == [-1] * 4 + [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert third.position_ids[0].tolist() == list(range(14))
+    assert third.is_clean[0].tolist() == [True] * 4 + [False] + [True] * 6 + [False] * 3
