@@ -108,3 +108,46 @@ def test_generate_eval_matches_the_training_callback(trained, tmp_path):
     assert samples.size == (3 * 130, 2 * 130)  # t2i row + edit row, 4x upscaled
     # the generated pictures themselves (decoded codes) agree pixel for pixel
     assert samples.tobytes() == Image.open(trained / "eval" / "step000002.png").tobytes()
+
+
+def _compose(overrides: list[str], output_dir):
+    from hydra import compose, initialize_config_dir
+
+    from lumina.cli.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("generate", overrides=overrides)
+    cfg.output_dir = str(output_dir)
+    return cfg
+
+
+def test_generate_edit_and_text_without_an_image_decoder(trained, tmp_path):
+    """A tokenizer file instead of the built-in world: no image decoder, so task=edit reads its source as a
+    token file and writes raw code grids {"indices": [N, C], "coords": (0, 0, row, col, 0)}; task=text answers."""
+    import torch
+
+    from lumina.data.world.dataset import world_text_tokenizer
+    from lumina.generation.run import run
+
+    vocab = world_text_tokenizer().save(tmp_path / "words.json")
+    source = tmp_path / "source.pt"
+    config = json.loads((trained / "hf" / "config.json").read_text())
+    h, w, c = 3, 2, config["num_codebooks"]
+    torch.save({"indices": torch.arange(h * w * c).reshape(h * w, c) % config["codebook_size"],
+                "coords": torch.tensor([[0, 0, r, k, 0] for r in range(h) for k in range(w)])}, source)
+    out = run(_compose(["task=edit", f"checkpoint={trained}/hf", f"tokenizer={vocab}",
+                        'prompts=["make the shape blue ."]', f"images=[{source}]", "image.steps=2",
+                        "image.cfg_scale=1.0"], tmp_path / "edit"))
+    (line,) = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
+    assert line["file"] == "code_0.pt" and line["grid"] == [h, w] and line["image"] == str(source)
+    codes = torch.load(out / "code_0.pt")
+    assert codes["indices"].shape == (h * w, c) and ((codes["indices"] >= 0) & (codes["indices"] < config["codebook_size"])).all()
+    assert codes["coords"].tolist() == [[0, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0],
+                                        [0, 0, 2, 0, 0], [0, 0, 2, 1, 0]]
+    assert not (out / "images.png").exists()
+    out = run(_compose(["task=text", f"checkpoint={trained}/hf", f"tokenizer={vocab}",
+                        'prompts=["what is one plus two ?"]', "text.gen_length=4", "text.block_length=4",
+                        "text.steps=2"], tmp_path / "text"))
+    (line,) = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
+    assert line["prompt"] == "what is one plus two ?" and line["image"] is None
+    assert isinstance(line["answer"], str) and len(line["ids"]) <= 4
