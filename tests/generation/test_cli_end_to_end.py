@@ -36,12 +36,17 @@ def trained(tmp_path_factory):
           "data.sources.0.options.val_samples=8",
           "+callbacks.generation_eval._target_=lumina.training.evaluation.GenerationEvalCallback",
           f"+callbacks.generation_eval.dirpath={run_dir}/eval", "+callbacks.generation_eval.num_items=1",
+          "+callbacks.generation_eval.every_n_steps=1",
           "+callbacks.generation_eval.image_steps=2", "+callbacks.generation_eval.text_block=4",
           "+callbacks.generation_eval.text_steps=2", f"hydra.run.dir={run_dir}"], cwd=run_dir)
     return run_dir
 
 
 def test_training_ran_the_evaluation_callback(trained):
+    # every_n_steps=1 over 2 steps: after step 1 and step 2; the end of training does not repeat step 2
+    assert sorted(p.name for p in (trained / "eval").iterdir()) == [
+        "step000001.json", "step000001.png", "step000002.json", "step000002.png"]
+    assert json.loads((trained / "eval" / "step000001.json").read_text())["step"] == 1
     report = json.loads((trained / "eval" / "step000002.json").read_text())
     assert report["step"] == 2
     for name in ("understand_acc", "text_qa_acc", "t2i_score", "edit_score", "edit_changed"):
