@@ -77,6 +77,8 @@ def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool
     answer is an image): drop_text replaces the text with one `<uncondition>`, drop_image removes media."""
     if prompt.grid is None:
         raise ValueError(f"prompt {prompt.key!r}: an image answer needs grid=(h, w)")
+    if len(prompt.grid) != 2 or not all(isinstance(g, int) and g > 0 for g in prompt.grid):
+        raise ValueError(f"prompt {prompt.key!r}: grid={prompt.grid!r} must be two positive integers (h, w)")
     h, w = prompt.grid
     placeholder = Media("image", torch.zeros(h * w, tokens.num_codebooks, dtype=torch.long), (h, w))
     turns = [] if prompt.system is None else [Turn("system", [Text(list(prompt.system))])]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -154,6 +155,9 @@ def test_config_errors_name_the_field():
 def test_image_prompt_needs_a_grid(tiny_model, tokens):
     with pytest.raises(ValueError, match="grid"):
         generate_images(tiny_model, [Prompt([Text([20])], key=0)], tokens, ImageSamplingConfig(steps=1))
+    for bad in ((4,), (2, -1), (2, 0), (2.0, 3)):
+        with pytest.raises(ValueError, match=rf"prompt 5: grid={re.escape(repr(bad))}"):
+            generate_images(tiny_model, [Prompt([Text([20])], key=5, grid=bad)], tokens, ImageSamplingConfig(steps=1))
 
 
 # sharpened codebook heads: per-codebook probabilities that rank cells differently under the mean than under
