@@ -7,7 +7,7 @@ import copy
 
 import lightning as L
 import torch
-from conftest import compose_train, quiet, small_data
+from train_helpers import compose_train, quiet, small_data
 
 from lumina.model import LuminaModel
 from lumina.objective import LuminaObjective

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import compose_train, quiet, run_cli, small_data
+from train_helpers import compose_train, quiet, run_cli, small_data
 
 from lumina.cli.train import config_errors, one_line
 from lumina.training.errors import ConfigError

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF_DIR, compose_train, quiet, small_data
 from omegaconf import OmegaConf
 from safetensors import safe_open
+from train_helpers import CONF_DIR, compose_train, quiet, small_data
 
 from lumina.checkpoint import save_pretrained
 from lumina.data.world import world_text_tokenizer

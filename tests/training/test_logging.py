@@ -5,8 +5,8 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from conftest import compose_train, quiet, small_data
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from train_helpers import compose_train, quiet, small_data
 
 from lumina.training import build
 from lumina.training.run import run, summary

@@ -4,8 +4,8 @@ test fast and also shows that a sweep reports one line per failed job; test_expe
 
 from __future__ import annotations
 
-from conftest import CONF_DIR, run_cli
 from omegaconf import OmegaConf
+from train_helpers import CONF_DIR, run_cli
 
 
 def test_glob_sweep_composes_every_ablation_as_one_job(tmp_path):

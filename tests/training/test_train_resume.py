@@ -7,8 +7,8 @@ import csv
 from pathlib import Path
 
 import torch
-from conftest import run_cli, small_data
 from safetensors.torch import load_file
+from train_helpers import run_cli, small_data
 
 COMMON = ["experiment=debug", "trainer.accumulate_grad_batches=2", "trainer.limit_val_batches=0",
           "callbacks.checkpoint.every_n_train_steps=2", "callbacks.progress_bar=null",

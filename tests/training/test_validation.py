@@ -4,7 +4,7 @@ model once (a second call, e.g. a later fit/validate, keeps it)."""
 from __future__ import annotations
 
 import torch
-from conftest import compose_train, quiet, small_data
+from train_helpers import compose_train, quiet, small_data
 
 from lumina.training import build
 
