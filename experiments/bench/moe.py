@@ -7,7 +7,11 @@ same active FLOPs (the floor). Routed experts only (no shared expert) in all thr
 Prints median seconds per fwd+bwd and the ratios loop/lumina (goal >= 5) and lumina/floor (goal <= 1.25).
 The three are measured round-robin in one process so machine load hits them alike. On a CPU shared with
 other busy processes, OpenMP barriers dominate small matmuls at 2+ threads; `--threads 1` then gives the
-representative figures."""
+representative figures.
+
+Measured (2026-11-29, this 2-core CPU, quiet): 2 threads, median of 7: lumina 837 ms, loop 3857 ms, floor 521 ms
+-> 4.61x vs loop, 1.61x of floor; 1 thread, median of 5: 1419 / 6151 / 972 ms -> 4.34x, 1.46x. The grouped
+GEMMs alone take about 1.1x the floor's GEMM time; the rest is permutation, combine and routing."""
 
 from __future__ import annotations
 
