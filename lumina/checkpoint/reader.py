@@ -94,10 +94,3 @@ class HFCheckpoint:
         if not path.exists():
             raise FileNotFoundError(f"{self.directory} has no config.json")
         return LuminaConfig.from_hf(path, **overrides)
-
-    def keys_by_file(self) -> dict[Path, list[str]]:
-        """Checkpoint keys grouped by the file that stores them, files in index order."""
-        grouped: dict[Path, list[str]] = {file: [] for file in self.files}
-        for key, info in self.tensors.items():
-            grouped[info.file].append(key)
-        return grouped
