@@ -7,25 +7,13 @@ Run: python experiments/bench/layout_throughput.py
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
+from timing import median_seconds
 
 from lumina.data.layout import laid_out_length, layout_sample
 from lumina.data.noise import NoiseConfig
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
-
-
-def median_seconds(fn, repeats: int = 30) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def baseline(reference: torch.Tensor) -> None:
@@ -56,9 +44,9 @@ def main() -> None:
           f"{'length us':>10s} {'layout/length':>14s}")
     for name, sample in cases.items():
         seq = layout_sample(sample, tokens, cfg, 0, 0)
-        t_layout = median_seconds(lambda s=sample: layout_sample(s, tokens, cfg, 0, 0))
-        t_base = median_seconds(lambda r=seq.input_ids: baseline(r))
-        t_len = median_seconds(lambda s=sample: laid_out_length(s, tokens))
+        t_layout = median_seconds(lambda s=sample: layout_sample(s, tokens, cfg, 0, 0), 30)
+        t_base = median_seconds(lambda r=seq.input_ids: baseline(r), 30)
+        t_len = median_seconds(lambda s=sample: laid_out_length(s, tokens), 30)
         print(f"{name:42s} {len(seq):6d} {t_layout * 1e3:10.3f} {t_base * 1e3:12.3f} {t_layout / t_base:6.1f} "
               f"{t_len * 1e6:10.1f} {t_layout / t_len:14.1f}")
 

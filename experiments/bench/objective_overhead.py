@@ -8,43 +8,18 @@ ratio = objective time / baseline time (medians of round-robin repeats). Run: py
 
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
+from timing import interleaved_medians
 
 from lumina.data.batch import PackedBatch
+from lumina.model import LuminaOutput
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 S, C, V, K, E, TOPK, LAYERS = 4096, 8, 16384, 4096, 64, 8, 4
 
 
-@dataclass
-class Output:
-    text_logits: torch.Tensor
-    text_rows: torch.Tensor
-    image_logits: torch.Tensor
-    image_rows: torch.Tensor
-    router_logits: list[torch.Tensor] = field(default_factory=list)
-    router_topk_ids: list[torch.Tensor] = field(default_factory=list)
-
-
-def interleaved_medians(fns: dict[str, callable], repeats: int = 9) -> dict[str, float]:
-    """Median seconds of each fn, measured round-robin so that load from other processes hits all alike."""
-    for fn in fns.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def setup(num_text: int, num_image: int) -> tuple[Output, PackedBatch]:
+def setup(num_text: int, num_image: int) -> tuple[LuminaOutput, PackedBatch]:
     gen = torch.Generator().manual_seed(0)
     types = torch.ones(S, dtype=torch.long)
     types[:num_text] = 3
@@ -56,7 +31,8 @@ def setup(num_text: int, num_image: int) -> tuple[Output, PackedBatch]:
                         turn_ids=torch.zeros(1, S, dtype=torch.long), block_ids=torch.zeros(1, S, dtype=torch.long),
                         position_ids=torch.arange(S)[None], is_clean=torch.zeros(1, S, dtype=torch.bool),
                         token_valid=torch.ones(1, S, dtype=torch.bool), cu_seqlens=[0, S], labels=labels[None])
-    output = Output(
+    output = LuminaOutput(
+        hidden=torch.empty(1, S, 0),
         text_logits=torch.randn(num_text, V, generator=gen).requires_grad_(),
         text_rows=torch.arange(num_text),
         image_logits=torch.randn(num_image, C, K, generator=gen).requires_grad_(),
@@ -87,7 +63,7 @@ def main() -> None:
     for label, cfg in configs.items():
         objective = LuminaObjective(cfg)
         fns[label] = lambda o=objective: o(output, batch).loss.backward()
-    medians = interleaved_medians(fns)
+    medians = interleaved_medians(fns, repeats=9)
     base = medians.pop("baseline")
     print(f"S={S} Nt=256 V={V} Ni=64 C={C} K={K} E={E} layers={LAYERS}; baseline median {base * 1e3:.1f} ms")
     for label, seconds in medians.items():

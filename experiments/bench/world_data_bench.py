@@ -11,22 +11,14 @@ Run: python experiments/bench/world_data_bench.py --num-samples 3000
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
+
+from timing import median_seconds
 
 from lumina.data.storage import ParquetSampleDataset
 from lumina.data.world.dataset import build_world, cached_world_image_tokenizer, round_trip_report
 from lumina.data.world.tasks import make_items
-
-
-def median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -40,17 +32,17 @@ def main() -> None:
         tokenizer = cached_world_image_tokenizer(cache_dir=cache)
         fit = time.perf_counter() - start
         report = round_trip_report(tokenizer, "test")
-        base = median_seconds(lambda: make_items("train", n), args.repeats)
-        build = median_seconds(lambda: build_world("train", n, image_tokenizer=tokenizer), args.repeats)
+        base = median_seconds(lambda: make_items("train", n), args.repeats, warmup=False)
+        build = median_seconds(lambda: build_world("train", n, image_tokenizer=tokenizer), args.repeats, warmup=False)
         world = build_world("train", n, image_tokenizer=tokenizer)
-        write = median_seconds(lambda: world.dataset.save(out), args.repeats)
+        write = median_seconds(lambda: world.dataset.save(out), args.repeats, warmup=False)
 
         def read_all() -> None:
             ds = ParquetSampleDataset(out, world.tokens)
             for i in range(len(ds)):
                 ds[i]
 
-        read = median_seconds(read_all, args.repeats)
+        read = median_seconds(read_all, args.repeats, warmup=False)
     print(f"tokenizer fit (default settings, once): {fit:.2f} s; test-split round trip: mse {report['mse']:.5f}, "
           f"checker pass rate {report['checker_pass_rate']:.3f}")
     print(f"n = {n}, median of {args.repeats}")

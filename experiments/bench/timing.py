@@ -1,0 +1,25 @@
+"""Timing helpers shared by the benchmarks: medians, measured round-robin so machine load hits all alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
+    """Median seconds of each fn over `repeats` rounds; each round runs every fn once."""
+    if warmup:
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: bool = True) -> float:
+    return interleaved_medians({"fn": fn}, repeats, warmup)["fn"]
