@@ -40,10 +40,3 @@ def tokenizer_dir(tmp_path: Path) -> Path:
     return src
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing the shared CPU (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

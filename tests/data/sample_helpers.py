@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from lumina.data.schema import Media, Sample, Text, Turn
@@ -42,10 +41,3 @@ def mixed_samples(c: int = 8, high: int = 4096) -> list[Sample]:
     ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """These tests run many tiny tensor ops; on a shared, oversubscribed CPU one intra-op thread is ~10x faster."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)

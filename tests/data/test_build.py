@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sample_helpers import codes, one_torch_thread  # noqa: F401
+from sample_helpers import codes
 
 from lumina.cli.data import main as cli_main
 from lumina.data.build import BuildError, build_shards

@@ -9,7 +9,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers.logger import Logger
-from sample_helpers import one_torch_thread  # noqa: F401
 
 from lumina.data.schema import Sample, Text, Turn
 from lumina.data.sources import MixtureSource

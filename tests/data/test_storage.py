@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from sample_helpers import assert_samples_equal, codes, mixed_samples, one_torch_thread  # noqa: F401
+from sample_helpers import assert_samples_equal, codes, mixed_samples
 
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors import safe_open
-from sample_helpers import one_torch_thread  # noqa: F401
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit

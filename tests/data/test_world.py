@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sample_helpers import assert_samples_equal, one_torch_thread  # noqa: F401
+from sample_helpers import assert_samples_equal
 
 from lumina.cli.data import main as cli_main
 from lumina.data.schema import Media, Text

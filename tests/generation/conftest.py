@@ -13,15 +13,6 @@ TINY_TOKENS = dict(pad=0, text_mask=1, boa=2, eoa=3, boi=4, eoi=5, bov=6, eov=7,
                    system_close=11, user_open=12, user_close=13, uncondition=14)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small ops on a shared CPU run far faster on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def tokens() -> SpecialTokens:
     return SpecialTokens(**TINY_TOKENS, text_vocab_size=512, codebook_size=64, num_codebooks=4)

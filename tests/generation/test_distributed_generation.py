@@ -19,7 +19,6 @@ TIMEOUT_S = 180.0
 
 
 def test_fsdp2_ranks_stopping_at_different_blocks_complete(tmp_path):
-    torch.set_num_threads(1)
     model = eoa_prone_model()
     candidates = list(range(6))
     reference = {k: a.raw for k, a in zip(candidates, generate_text(model, [text_prompt(k) for k in candidates],

@@ -8,15 +8,6 @@ import torch
 from lumina.model import LuminaConfig, LuminaModel
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny-model tests are dominated by OpenMP barriers on a shared CPU; one thread is ~10-100x faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def tiny_config() -> LuminaConfig:
     return LuminaConfig.tiny()

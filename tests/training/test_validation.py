@@ -10,7 +10,6 @@ from lumina.training import build
 
 
 def test_validation_loss_is_reproducible_and_configure_model_is_idempotent(tmp_path):
-    torch.set_num_threads(1)
     cfg = compose_train(["experiment=debug", *quiet(tmp_path), *small_data(), "logger=none",
                          "trainer.limit_val_batches=2", "callbacks.checkpoint=null", "callbacks.hf_export=null"])
     module = build.module(cfg)
