@@ -25,60 +25,106 @@ class MoEDispatcher(Protocol):
 
 
 class _GatherCopies(torch.autograd.Function):
-    """x [T, H] -> x[order // k] [T * k, H]. Backward gathers with the inverse permutation and sums the k
-    copies of each token (no scatter-add)."""
+    """x [T, H] -> x[order // k] [T * k, H]. Backward gathers each token's k copies with the inverse
+    permutation and sums them, `step` tokens at a time (no scatter-add)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor,  # noqa: ANN001
-                top_k: int) -> torch.Tensor:
+                top_k: int, step: int) -> torch.Tensor:
         ctx.save_for_backward(inverse)
-        ctx.top_k = top_k
+        ctx.top_k, ctx.step = top_k, step
         return x.index_select(0, order // top_k)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
         (inverse,) = ctx.saved_tensors
-        per_copy = grad.index_select(0, inverse)
-        return per_copy.view(-1, ctx.top_k, per_copy.shape[-1]).sum(1), None, None, None
+        k, step, hidden = ctx.top_k, ctx.step, grad.shape[-1]
+        num_tokens = inverse.numel() // k
+        grad_x = grad.new_empty(num_tokens, hidden)
+        for start in range(0, num_tokens, step):
+            stop = min(start + step, num_tokens)
+            copies = grad.index_select(0, inverse[start * k:stop * k]).view(-1, k, hidden)
+            torch.sum(copies, dim=1, out=grad_x[start:stop])
+        return grad_x, None, None, None, None
 
 
-class _Permute(torch.autograd.Function):
-    """y [N, H] -> y[index] for a permutation `index`; backward gathers with its inverse (no scatter)."""
+class _Combine(torch.autograd.Function):
+    """(y_local [N, H], weights fp32 [T, k]) -> sum_k w[t, k] * y_local[inverse[t * k + k']] [T, H], weighted
+    and summed in fp32, returned in y_local's dtype, `step` tokens at a time. Backward works in y_local's row
+    order: grad_y[n] = w[order[n]] * grad[order[n] // k] (no scatter)."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        ctx.save_for_backward(inverse)
-        return y.index_select(0, index)
+    def forward(ctx, y_local: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,  # noqa: ANN001
+                inverse: torch.Tensor, step: int) -> torch.Tensor:
+        ctx.save_for_backward(y_local, weights, order)
+        ctx.step = step
+        num_tokens, k = weights.shape
+        hidden = y_local.shape[-1]
+        out = torch.empty(num_tokens, hidden, dtype=torch.float32, device=y_local.device)
+        for start in range(0, num_tokens, step):
+            stop = min(start + step, num_tokens)
+            copies = y_local.index_select(0, inverse[start * k:stop * k]).view(-1, k, hidden).float()
+            torch.bmm(weights[start:stop].unsqueeze(1), copies, out=out[start:stop].unsqueeze(1))
+        return out.to(y_local.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
+        y_local, weights, order = ctx.saved_tensors
+        k = weights.shape[1]
+        weight_of_row = weights.reshape(-1).index_select(0, order)  # [N] fp32
+        grad_y = torch.empty_like(y_local)
+        grad_w_of_row = torch.empty_like(weight_of_row) if ctx.needs_input_grad[1] else None
+        rows_per_chunk = ctx.step * k
+        for start in range(0, order.numel(), rows_per_chunk):
+            rows = slice(start, start + rows_per_chunk)
+            upstream = grad.index_select(0, order[rows] // k).float()  # [c, H]: each row's token gradient
+            if grad_w_of_row is not None:
+                torch.linalg.vecdot(upstream, y_local[rows].float(), out=grad_w_of_row[rows])
+            grad_y[rows] = upstream.mul_(weight_of_row[rows].unsqueeze(-1))
+        grad_w = None
+        if grad_w_of_row is not None:
+            grad_w = torch.empty_like(grad_w_of_row).index_copy_(0, order, grad_w_of_row).view_as(weights)
+        return grad_y, grad_w, None, None, None
 
 
 @dataclass
 class _LocalContext:
     order: torch.Tensor  # [T * k]: (token, slot) copy at each expert-grouped position
     inverse: torch.Tensor  # [T * k]: expert-grouped position of each (token, slot) copy
-    num_tokens: int
-    top_k: int
+    step: int  # tokens per chunk of the per-copy temporaries
 
 
 class LocalDispatcher:
-    """All experts live on this device (E_local = E, offset 0): permute copies by expert id, unpermute back."""
+    """All experts live on this device (E_local = E, offset 0): permute copies by expert id, unpermute back.
+
+    `cpu_chunk_bytes`: on CPU, the per-copy temporaries of the combine and of the gather's backward are built
+    a chunk of tokens at a time, each at most this size. Fresh CPU tensors above glibc's mmap threshold
+    (32 MiB) page-fault on every allocation (about 25 ms per 64 MiB on a 2-core CPU, several times the copy
+    itself); chunks below it reuse heap memory. The CUDA caching allocator has no such cost: there they are
+    built whole."""
+
+    def __init__(self, cpu_chunk_bytes: int = 8 * 2**20) -> None:
+        if cpu_chunk_bytes < 1:
+            raise ValueError(f"LocalDispatcher.cpu_chunk_bytes={cpu_chunk_bytes}: must be >= 1")
+        self.cpu_chunk_bytes = cpu_chunk_bytes
+
+    def tokens_per_chunk(self, x: torch.Tensor, top_k: int) -> int:
+        num_tokens, hidden = x.shape
+        if x.device.type != "cpu":
+            return max(num_tokens, 1)
+        return max(1, self.cpu_chunk_bytes // (top_k * hidden * 4))  # fp32 temporaries
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
                  num_experts: int) -> tuple[torch.Tensor, torch.Tensor, _LocalContext]:
-        num_tokens, top_k = topk_ids.shape
+        top_k = topk_ids.shape[1]
         flat = topk_ids.reshape(-1)
         order = flat.argsort(stable=True)  # copies grouped by expert, token order kept inside a group
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         tokens_per_expert = torch.bincount(flat, minlength=num_experts)
-        x_local = _GatherCopies.apply(x, order, inverse, top_k)
-        return x_local, tokens_per_expert, _LocalContext(order, inverse, num_tokens, top_k)
+        step = self.tokens_per_chunk(x, top_k)
+        x_local = _GatherCopies.apply(x, order, inverse, top_k, step)
+        return x_local, tokens_per_expert, _LocalContext(order, inverse, step)
 
     def combine(self, y_local: torch.Tensor, topk_weights: torch.Tensor, ctx: _LocalContext) -> torch.Tensor:
-        per_copy = _Permute.apply(y_local, ctx.inverse, ctx.order).view(ctx.num_tokens, ctx.top_k, -1)
-        out = torch.bmm(topk_weights.float().unsqueeze(1), per_copy.float()).squeeze(1)  # fp32 [T, H]
-        return out.to(y_local.dtype)
+        return _Combine.apply(y_local, topk_weights.float(), ctx.order, ctx.inverse, ctx.step)

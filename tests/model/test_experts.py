@@ -37,18 +37,23 @@ def _routed(backend: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return experts, x, ids, weights
 
 
+# one chunk; 3 tokens a chunk (40 tokens: a ragged last chunk); 1 token a chunk
+@pytest.mark.parametrize("chunk_bytes", [8 * 2**20, 3 * K * H * 4, 1])
 @pytest.mark.parametrize("backend", ["grouped_mm", "loop"])
-def test_grouped_experts_equal_the_boolean_mask_reference_outputs_and_grads(backend: str) -> None:
+def test_grouped_experts_equal_the_boolean_mask_reference_outputs_and_grads(backend: str, chunk_bytes: int) -> None:
     experts, x, ids, weights = _routed(backend)
-    dispatcher = LocalDispatcher()
+    weights.requires_grad_()
+    dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
     x_local, counts, ctx = dispatcher.dispatch(x, ids, E)
     assert counts.tolist() == torch.bincount(ids.flatten(), minlength=E).tolist()
+    assert ctx.step == max(1, chunk_bytes // (K * H * 4))  # tokens per chunk
     got = dispatcher.combine(experts(x_local, counts), weights, ctx)
     g = torch.randn_like(got)
-    grads = torch.autograd.grad(got, [x, experts.gate_proj, experts.up_proj, experts.down_proj], g)
+    params = [x, weights, experts.gate_proj, experts.up_proj, experts.down_proj]
+    grads = torch.autograd.grad(got, params, g)
 
     want = _boolean_mask_reference(x, ids, weights, experts)
-    want_grads = torch.autograd.grad(want, [x, experts.gate_proj, experts.up_proj, experts.down_proj], g)
+    want_grads = torch.autograd.grad(want, params, g)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -82,6 +87,7 @@ def test_tokens_per_expert_must_cover_the_local_experts() -> None:
 
 class RecordingDispatcher(LocalDispatcher):
     def __init__(self) -> None:
+        super().__init__()
         self.calls = 0
 
     def dispatch(self, x, topk_ids, num_experts):  # noqa: ANN001, ANN201
