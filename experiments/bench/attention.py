@@ -28,10 +28,10 @@ Mask memory at S = 16384 (fp32): sdpa_dense 1024 MiB; segmented 64.0 MiB (16 equ
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from collections.abc import Callable
 
 import torch
+from timing import interleaved_medians
 
 from lumina.attention import attend, backend_calls, build_spec, reset_backend_calls
 from lumina.data import PackedBatch
@@ -73,18 +73,16 @@ def scaled_mix(seq_len: int) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-def time_interleaved(steps: dict[str, object], reps: int) -> dict[str, float]:
-    """Median seconds per step; one warm-up each (builds cached masks / compiles flex), then the steps take
-    turns rep by rep, so load drift on a shared machine hits every backend alike."""
-    for step in steps.values():
+def synced(step: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """`step`, timed to the end of its device work (CUDA launches return before the kernels finish)."""
+    if device.type != "cuda":
+        return step
+
+    def run() -> None:
+        torch.cuda.synchronize(device)
         step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(reps):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+        torch.cuda.synchronize(device)
+    return run
 
 
 def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None:
@@ -92,12 +90,13 @@ def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None
     lengths = [b - a for a, b in zip(batch.seg_bounds, batch.seg_bounds[1:], strict=False)]
     ideal = seq_len**2 / sum(x * x for x in lengths)
     g = torch.Generator().manual_seed(0)
-    dtype = getattr(torch, args.dtype)
+    dtype, device = getattr(torch, args.dtype), torch.device(args.device)
+    batch = batch.to(device)
     # token-major memory, as a fused QKV projection viewed [B, S, h, hd] and transposed gives it
-    q = torch.randn(1, seq_len, args.heads, args.head_dim, generator=g).to(dtype).transpose(1, 2)
-    k = torch.randn(1, seq_len, args.kv_heads, args.head_dim, generator=g).to(dtype).transpose(1, 2)
-    v = torch.randn(1, seq_len, args.kv_heads, args.head_dim, generator=g).to(dtype).transpose(1, 2)
-    upstream = torch.randn(q.shape, generator=g).to(dtype)
+    q = torch.randn(1, seq_len, args.heads, args.head_dim, generator=g).to(device, dtype).transpose(1, 2)
+    k = torch.randn(1, seq_len, args.kv_heads, args.head_dim, generator=g).to(device, dtype).transpose(1, 2)
+    v = torch.randn(1, seq_len, args.kv_heads, args.head_dim, generator=g).to(device, dtype).transpose(1, 2)
+    upstream = torch.randn(q.shape, generator=g).to(device, dtype)
 
     def fwd_bwd(backend: str):
         spec = build_spec(batch, backend=backend, strict=True)
@@ -118,10 +117,10 @@ def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None
     print(f"\n## {name}: S={seq_len}, {len(lengths)} segments, ideal speed-up S^2/sum(L^2) = {ideal:.2f}x")
     print("| backend | fwd+bwd median s | fwd+bwd speed-up | fwd-only median s | fwd-only speed-up |")
     print("|---|---|---|---|---|")
-    trainable = [b for b in backends if b != "flex" or torch.cuda.is_available()]
+    trainable = [b for b in backends if b != "flex" or device.type == "cuda"]
     reset_backend_calls()
-    train = time_interleaved({b: fwd_bwd(b) for b in trainable}, args.reps)
-    forward = time_interleaved({b: fwd(b) for b in backends}, args.reps)
+    train = interleaved_medians({b: synced(fwd_bwd(b), device) for b in trainable}, args.reps)
+    forward = interleaved_medians({b: synced(fwd(b), device) for b in backends}, args.reps)
     served = backend_calls()
     assert set(served) == set(backends), f"not every backend served its own calls: {served}"
     for backend in backends:
@@ -164,6 +163,7 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--mask-seq-len", type=int, default=16384)
