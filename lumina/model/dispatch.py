@@ -75,12 +75,18 @@ class _Combine(torch.autograd.Function):
         grad_y = torch.empty_like(y_local)
         grad_w_of_row = torch.empty_like(weight_of_row) if ctx.needs_input_grad[1] else None
         rows_per_chunk = ctx.step * k
+        fp32 = grad.dtype == grad_y.dtype == torch.float32
         for start in range(0, order.numel(), rows_per_chunk):
             rows = slice(start, start + rows_per_chunk)
-            upstream = grad.index_select(0, order[rows] // k).float()  # [c, H]: each row's token gradient
+            tokens = order[rows] // k
+            # [c, H] fp32: each row's token gradient (gathered straight into grad_y when that is fp32)
+            upstream = (torch.index_select(grad, 0, tokens, out=grad_y[rows]) if fp32
+                        else grad.index_select(0, tokens).float())
             if grad_w_of_row is not None:
                 torch.linalg.vecdot(upstream, y_local[rows].float(), out=grad_w_of_row[rows])
-            grad_y[rows] = upstream.mul_(weight_of_row[rows].unsqueeze(-1))
+            upstream.mul_(weight_of_row[rows].unsqueeze(-1))
+            if not fp32:
+                grad_y[rows] = upstream
         grad_w = None
         if grad_w_of_row is not None:
             grad_w = torch.empty_like(grad_w_of_row).index_copy_(0, order, grad_w_of_row).view_as(weights)

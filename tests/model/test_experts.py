@@ -139,3 +139,23 @@ def test_gradient_checkpointing_gives_equal_grads_and_counts_once() -> None:
     assert int(loads[1].sum()) == 8 * 2 * 2  # 8 tokens x top-2 x 2 MoE layers: no recompute double count
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, msg=name)
+
+
+@pytest.mark.parametrize("chunk_bytes", [8 * 2**20, 3 * K * H * 4])
+def test_bf16_combine_weighs_and_sums_in_fp32(chunk_bytes: int) -> None:
+    """bf16 copies: output = bf16(sum_k w * y.float()), grads follow the fp32 computation."""
+    torch.manual_seed(0)
+    _, _, ids, weights = _routed("grouped_mm")
+    x = torch.randn(40, H, dtype=torch.bfloat16, requires_grad=True)
+    w = weights.clone().requires_grad_()
+    dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
+    x_local, _, ctx = dispatcher.dispatch(x, ids, E)
+    out = dispatcher.combine(x_local * 3, w, ctx)
+    g = torch.randn(40, H, dtype=torch.bfloat16)
+    out.backward(g)
+    copies = (x.detach() * 3).float().unsqueeze(1)  # every copy of token t is bf16(3 * x[t])
+    want = (weights.unsqueeze(-1) * copies).sum(1)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want.to(torch.bfloat16), rtol=2**-7, atol=0)  # one rounding, at the end
+    torch.testing.assert_close(x.grad.float(), 3 * weights.sum(1, keepdim=True) * g.float(), rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(w.grad, (g.float().unsqueeze(1) * copies).sum(-1).expand(-1, K), rtol=1e-5, atol=1e-5)
