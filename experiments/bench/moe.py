@@ -1,17 +1,23 @@
 """Forward+backward time of one MoE layer: lumina's path (router -> dispatcher -> grouped experts -> combine)
-vs the official non-fused training path (loop over all experts with boolean masks) vs a dense SwiGLU of the
-same active FLOPs (the floor). Routed experts only (no shared expert) in all three.
+vs the official non-fused training path (per-expert Linear modules, a boolean-mask gather and write-back per
+expert) vs two dense SwiGLUs with the experts' active FLOPs (the floors): the T*k token copies through one
+I-wide MLP (what the experts compute, minus routing and permutation), and the T tokens through one k*I-wide
+MLP (8x less activation memory on the hidden side). Routed experts only (no shared expert).
 
-    python experiments/bench/moe.py [--tokens 4096] [--repeats 7] [--backend grouped_mm]
+    python experiments/bench/moe.py [--tokens 4096] [--repeats 7] [--threads N] [--device cuda --dtype bfloat16]
 
-Prints median seconds per fwd+bwd and the ratios loop/lumina (goal >= 5) and lumina/floor (goal <= 1.25).
-The three are measured round-robin in one process so machine load hits them alike. On a CPU shared with
-other busy processes, OpenMP barriers dominate small matmuls at 2+ threads; `--threads 1` then gives the
-representative figures.
+Prints median seconds per fwd+bwd, loop/lumina (goal >= 5) and lumina/floor for both floors (goal <= 1.25).
+All are measured round-robin in one process so machine load hits them alike.
 
-Measured (2026-11-29, this 2-core CPU, quiet): 2 threads, median of 7: lumina 837 ms, loop 3857 ms, floor 521 ms
--> 4.61x vs loop, 1.61x of floor; 1 thread, median of 5: 1419 / 6151 / 972 ms -> 4.34x, 1.46x. The grouped
-GEMMs alone take about 1.1x the floor's GEMM time; the rest is permutation, combine and routing."""
+Measured 2026-11-29 on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4096 tokens:
+  2 threads, three runs (median of 7-9 each): lumina 677-779 ms, loop 3428-3619 ms -> 4.65x / 5.07x / 4.92x;
+    lumina / T*k-copies floor 1.37x / 1.29x / 1.26x; lumina / k*I-wide floor 1.53x / 1.42x / 1.46x.
+  1 thread (median of 5): 1292 / 5915 / 1083 / 972 ms -> 4.58x; 1.19x; 1.33x.
+Where the rest goes: every fresh CPU tensor above glibc's 32 MiB mmap threshold page-faults (about 25 ms per
+64 MiB here), and the experts' path has five [T*k, H] ones per step that no dense layer has (gathered copies,
+expert outputs, their gradient, two input gradients) plus E-times larger weight gradients; the grouped GEMMs
+run as 64 small GEMMs each. The combine and the gather's backward build their temporaries in chunks
+(LocalDispatcher.cpu_chunk_bytes), which took 2 threads from 837 to about 720 ms."""
 
 from __future__ import annotations
 
@@ -92,9 +98,15 @@ def main() -> None:
                             channel_heads=8)
     torch.manual_seed(0)
     moe = MoE(cfg).to(args.device, dtype)
-    dense = SwiGLU(cfg.hidden_size, cfg.num_experts_per_tok * cfg.moe_intermediate_size).to(args.device, dtype)
+    k = cfg.num_experts_per_tok
+    # two dense SwiGLUs with the experts' active FLOPs: the T*k token copies through one I-wide MLP (what the
+    # experts compute, minus routing and permutation), and the T tokens through one k*I-wide MLP
+    dense_copies = SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size).to(args.device, dtype)
+    dense_wide = SwiGLU(cfg.hidden_size, k * cfg.moe_intermediate_size).to(args.device, dtype)
     x = torch.randn(args.tokens, cfg.hidden_size, device=args.device, dtype=dtype)
     grad = torch.randn_like(x)
+    copies = torch.randn(args.tokens * k, cfg.hidden_size, device=args.device, dtype=dtype)
+    copies_grad = torch.randn_like(copies)
 
     def lumina_path(t: torch.Tensor) -> torch.Tensor:
         return moe(t.unsqueeze(0))[0][0]
@@ -104,25 +116,27 @@ def main() -> None:
     def loop_path(t: torch.Tensor) -> torch.Tensor:
         return boolean_mask_moe(moe, official, t)
 
-    candidates = {"lumina": lumina_path, "boolean-mask loop": loop_path, "dense floor": dense}
+    candidates = {"lumina": (lumina_path, x, grad), "boolean-mask loop": (loop_path, x, grad),
+                  "dense, T*k copies": (dense_copies, copies, copies_grad), "dense, k*I wide": (dense_wide, x, grad)}
     with torch.no_grad():  # the two MoE paths compute the same function
         tolerance = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(lumina_path(x), loop_path(x), rtol=tolerance, atol=tolerance)
     times: dict[str, list[float]] = {name: [] for name in candidates}
-    for fn in candidates.values():  # warm-up
-        fwd_bwd(fn, x, grad)
+    for fn, inputs, upstream in candidates.values():  # warm-up
+        fwd_bwd(fn, inputs, upstream)
     for _ in range(args.repeats):
-        for name, fn in candidates.items():
-            times[name].append(fwd_bwd(fn, x, grad))
+        for name, (fn, inputs, upstream) in candidates.items():
+            times[name].append(fwd_bwd(fn, inputs, upstream))
     med = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"one MoE layer fwd+bwd: E={cfg.num_experts} top-{cfg.num_experts_per_tok} "
           f"groups {cfg.n_group}/{cfg.topk_group} H={cfg.hidden_size} I={cfg.moe_intermediate_size} "
           f"tokens={args.tokens} backend={args.backend} {args.device} {args.dtype} threads={torch.get_num_threads()} "
           f"(median of {args.repeats})")
     for name, seconds in med.items():
-        print(f"  {name:18s} {seconds * 1e3:9.1f} ms")
-    print(f"  speed-up vs boolean-mask loop: {med['boolean-mask loop'] / med['lumina']:.2f}x (goal >= 5)")
-    print(f"  lumina / dense floor:          {med['lumina'] / med['dense floor']:.2f}x (goal <= 1.25)")
+        print(f"  {name:20s} {seconds * 1e3:9.1f} ms")
+    print(f"  speed-up vs boolean-mask loop:    {med['boolean-mask loop'] / med['lumina']:.2f}x (goal >= 5)")
+    for floor in ("dense, T*k copies", "dense, k*I wide"):
+        print(f"  lumina / {floor + ':':21s} {med['lumina'] / med[floor]:.2f}x (goal <= 1.25)")
 
 
 if __name__ == "__main__":
