@@ -10,14 +10,14 @@ Prints median seconds per fwd+bwd, loop/lumina (goal >= 5) and lumina/floor for 
 All are measured round-robin in one process so machine load hits them alike.
 
 Measured 2026-11-29 on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4096 tokens:
-  2 threads, three runs (median of 7-9 each): lumina 677-779 ms, loop 3428-3619 ms -> 4.65x / 5.07x / 4.92x;
-    lumina / T*k-copies floor 1.37x / 1.29x / 1.26x; lumina / k*I-wide floor 1.53x / 1.42x / 1.46x.
-  1 thread (median of 5): 1292 / 5915 / 1083 / 972 ms -> 4.58x; 1.19x; 1.33x.
+  2 threads, three runs (median of 9 each): lumina 730-754 ms, loop 3541-3801 ms -> 4.95x / 4.85x / 5.04x;
+    lumina / T*k-copies floor 1.26x / 1.26x / 1.27x; lumina / k*I-wide floor 1.44x / 1.42x / 1.41x.
+  1 thread (median of 5): 1302 / 5858 / 1085 / 982 ms -> 4.50x; 1.20x; 1.33x.
 Where the rest goes: every fresh CPU tensor above glibc's 32 MiB mmap threshold page-faults (about 25 ms per
 64 MiB here), and the experts' path has five [T*k, H] ones per step that no dense layer has (gathered copies,
 expert outputs, their gradient, two input gradients) plus E-times larger weight gradients; the grouped GEMMs
 run as 64 small GEMMs each. The combine and the gather's backward build their temporaries in chunks
-(LocalDispatcher.cpu_chunk_bytes), which took 2 threads from 837 to about 720 ms."""
+(LocalDispatcher.cpu_chunk_bytes), which took lumina at 2 threads from 837 ms to about 740 ms."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def main() -> None:
     copies_grad = torch.randn_like(copies)
 
     def lumina_path(t: torch.Tensor) -> torch.Tensor:
-        return moe(t.unsqueeze(0))[0][0]
+        return moe(t.unsqueeze(0))[0].squeeze(0)  # a view: no zero-filled select gradient
 
     official = OfficialExperts(moe.experts).to(args.device, dtype)
 
