@@ -14,9 +14,9 @@ Measured 2026-11-29 on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4
     lumina / T*k-copies floor 1.26x / 1.26x / 1.27x; lumina / k*I-wide floor 1.44x / 1.42x / 1.41x.
   1 thread (median of 5): 1302 / 5858 / 1085 / 982 ms -> 4.50x; 1.20x; 1.33x.
 Where the rest goes: every fresh CPU tensor above glibc's 32 MiB mmap threshold page-faults (about 25 ms per
-64 MiB here), and the experts' path has five [T*k, H] ones per step that no dense layer has (gathered copies,
-expert outputs, their gradient, two input gradients) plus E-times larger weight gradients; the grouped GEMMs
-run as 64 small GEMMs each. The combine and the gather's backward build their temporaries in chunks
+64 MiB here), and the experts' path has five [T*k, H] ones per step that the k*I-wide layer does not
+(gathered copies, expert outputs, their gradient, two input gradients) plus E/k = 8x larger weight gradients;
+each grouped GEMM runs as 64 small GEMMs. The combine and the gather's backward build their temporaries in chunks
 (LocalDispatcher.cpu_chunk_bytes), which took lumina at 2 threads from 837 ms to about 740 ms."""
 
 from __future__ import annotations
