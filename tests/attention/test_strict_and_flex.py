@@ -105,22 +105,27 @@ def test_flex_block_mask_build_does_no_host_reads(monkeypatch):
     assert int(block_mask.full_kv_num_blocks.sum()) == 0  # 4 segments share the block: not fully allowed
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_flex_backward_matches_dense_on_cuda(dtype):
-    batch = random_pack(2, [100, 37, 211, 100], tail=64).to("cuda")
-    tensors = [t.detach().cuda().requires_grad_() for t in qkv(batch.seq_len, dtype, seed=3)]
+def assert_cuda_backend_matches_dense(backend: str, batch, dtype: torch.dtype, seed: int) -> None:
+    """Outputs and q/k/v gradients of `backend` on CUDA equal sdpa_dense's, each backend serving its own call."""
+    batch = batch.to("cuda")
+    tensors = [t.detach().cuda().requires_grad_() for t in qkv(batch.seq_len, dtype, seed=seed)]
     upstream = torch.randn(1, HEADS, batch.seq_len, HEAD_DIM, device="cuda")
     reset_backend_calls()
     dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
-    out, grads = run("flex", batch, tensors, upstream)
-    assert backend_calls() == {"sdpa_dense": 1, "flex": 1}
+    out, grads = run(backend, batch, tensors, upstream)
+    assert backend_calls() == {"sdpa_dense": 1, backend: 1}
     for t in [out, *grads]:
         assert torch.isfinite(t).all()
     torch.testing.assert_close(out, dense_out, **TOLERANCE[dtype])
     for g, ref in zip(grads, dense_grads, strict=True):
         torch.testing.assert_close(g, ref, **TOLERANCE[dtype])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_backward_matches_dense_on_cuda(dtype):
+    assert_cuda_backend_matches_dense("flex", random_pack(2, [100, 37, 211, 100], tail=64), dtype, seed=3)
 
 
 @pytest.mark.cuda
@@ -131,16 +136,5 @@ def test_flash_varlen_matches_dense_on_plain_segments():
     batch.block_ids.fill_(-1)
     batch.is_clean.fill_(True)
     batch.turn_ids.fill_(0)
-    batch = batch.to("cuda")
-    tensors = [t.detach().cuda().requires_grad_() for t in qkv(batch.seq_len, torch.bfloat16, seed=5)]
-    upstream = torch.randn(1, HEADS, batch.seq_len, HEAD_DIM, device="cuda")
-    reset_backend_calls()
-    dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
-    out, grads = run("flash_varlen", batch, tensors, upstream)
-    assert backend_calls() == {"sdpa_dense": 1, "flash_varlen": 1}
-    for t in [out, *grads]:
-        assert torch.isfinite(t).all()
-    torch.testing.assert_close(out, dense_out, **TOLERANCE[torch.bfloat16])
-    for g, ref in zip(grads, dense_grads, strict=True):
-        torch.testing.assert_close(g, ref, **TOLERANCE[torch.bfloat16])
+    assert_cuda_backend_matches_dense("flash_varlen", batch, torch.bfloat16, seed=5)
     assert KV_HEADS < HEADS  # the GQA path ran

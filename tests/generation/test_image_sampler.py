@@ -23,6 +23,20 @@ def _single_forward_rows(model, sequence, rows):
         return model.backbone(batch)[0, rows]
 
 
+
+def record_backbone_packs(model) -> list:
+    """Wrap `model.backbone` so every pack it sees is copied into the returned list (the sampler updates its
+    pack in place between steps); `del model.backbone` restores the real one."""
+    seen = []
+    real_backbone = model.backbone
+
+    def recording_backbone(batch):
+        seen.append(copy.deepcopy(batch))
+        return real_backbone(batch)
+
+    model.backbone = recording_backbone
+    return seen
+
 def test_first_step_guidance_equals_two_separate_forwards(tiny_model, tokens):
     s = 2.0
     grid = (2, 3)
@@ -115,14 +129,7 @@ def test_first_step_sequence_is_the_training_layout_fully_masked(tiny_model, tok
     sample = Sample("s", [Turn("user", [source, Text([60, 61, 62])]),
                           Turn("assistant", [Media("image", codes, grid)])])
     expected = layout_eval(sample, tokens, NoiseConfig(), seed=0, t=1.0)  # every cell masked
-    seen = []
-    real_backbone = tiny_model.backbone
-
-    def recording_backbone(batch):
-        seen.append(copy.deepcopy(batch))  # the sampler updates its pack in place between steps
-        return real_backbone(batch)
-
-    tiny_model.backbone = recording_backbone
+    seen = record_backbone_packs(tiny_model)
     generate_images(tiny_model, [Prompt([source, Text([60, 61, 62])], key=0, grid=grid)], tokens,
                     ImageSamplingConfig(steps=2, cfg_scale=0.0))
     first = seen[0]
@@ -174,14 +181,7 @@ def test_remasking_keeps_the_least_confident_cells_by_mean_codebook_probability(
     with torch.no_grad():
         for table, factor in zip(tiny_model.lm_img_head, sharpness, strict=True):
             table.weight.mul_(factor)
-    seen = []
-    real_backbone = tiny_model.backbone
-
-    def recording_backbone(batch):
-        seen.append(copy.deepcopy(batch))
-        return real_backbone(batch)
-
-    tiny_model.backbone = recording_backbone
+    seen = record_backbone_packs(tiny_model)
     (answer,) = generate_images(tiny_model, [Prompt([Text([20, 21])], key=0, grid=grid)], tokens,
                                 ImageSamplingConfig(steps=steps, temperature=0.0, cfg_scale=0.0))
     del tiny_model.backbone
@@ -215,14 +215,7 @@ def test_identical_branches_guide_nothing(tiny_model, tokens):
     the guided state is h_c itself (contract 6.3), not (1 + s) h_c - s h_u with its rounding."""
     s, grid = 3.0, (2, 2)
     prompts = [Prompt([Text([tokens.uncondition])], key=0, grid=grid), Prompt([Text([20, 21])], key=1, grid=grid)]
-    seen = []
-    real_backbone = tiny_model.backbone
-
-    def recording_backbone(batch):
-        seen.append(copy.deepcopy(batch))
-        return real_backbone(batch)
-
-    tiny_model.backbone = recording_backbone
+    seen = record_backbone_packs(tiny_model)
     trace: list[StepTrace] = []
     generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=1, cfg_scale=s), trace=trace)
     del tiny_model.backbone
