@@ -28,10 +28,9 @@ Mask memory at S = 16384 (fp32): sdpa_dense 1024 MiB; segmented 64.0 MiB (16 equ
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
 import torch
-from timing import interleaved_medians
+from timing import interleaved_medians, synced
 
 from lumina.attention import attend, backend_calls, build_spec, reset_backend_calls
 from lumina.data import PackedBatch
@@ -71,18 +70,6 @@ def scaled_mix(seq_len: int) -> tuple[int, ...]:
     lengths = [max(8, round(x * scale)) for x in MIX]
     lengths[0] += seq_len - sum(lengths)
     return tuple(lengths)
-
-
-def synced(step: Callable[[], object], device: torch.device) -> Callable[[], None]:
-    """`step`, timed to the end of its device work (CUDA launches return before the kernels finish)."""
-    if device.type != "cuda":
-        return step
-
-    def run() -> None:
-        torch.cuda.synchronize(device)
-        step()
-        torch.cuda.synchronize(device)
-    return run
 
 
 def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None:

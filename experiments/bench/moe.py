@@ -22,12 +22,11 @@ each grouped GEMM runs as 64 small GEMMs. The combine and the gather's backward 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import interleaved_medians, synced
 from torch import nn
 
 from lumina.model import LuminaConfig, MoE
@@ -66,18 +65,12 @@ def boolean_mask_moe(moe: MoE, official: OfficialExperts, x: torch.Tensor) -> to
     return weighted.sum(dim=1).to(x.dtype)
 
 
-def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor) -> float:
-    x = x.detach().requires_grad_()
-    synchronize(x.device)
-    start = time.perf_counter()
-    fn(x).backward(grad)
-    synchronize(x.device)
-    return time.perf_counter() - start
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+            grad: torch.Tensor) -> Callable[[], None]:
+    """One forward+backward of `fn` from a fresh leaf copy of x, timed to the end of its device work."""
+    def step() -> None:
+        fn(x.detach().requires_grad_()).backward(grad)
+    return synced(step, x.device)
 
 
 def main() -> None:
@@ -121,13 +114,7 @@ def main() -> None:
     with torch.no_grad():  # the two MoE paths compute the same function
         tolerance = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(lumina_path(x), loop_path(x), rtol=tolerance, atol=tolerance)
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    for fn, inputs, upstream in candidates.values():  # warm-up
-        fwd_bwd(fn, inputs, upstream)
-    for _ in range(args.repeats):
-        for name, (fn, inputs, upstream) in candidates.items():
-            times[name].append(fwd_bwd(fn, inputs, upstream))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    med = interleaved_medians({name: fwd_bwd(*c) for name, c in candidates.items()}, args.repeats)
     print(f"one MoE layer fwd+bwd: E={cfg.num_experts} top-{cfg.num_experts_per_tok} "
           f"groups {cfg.n_group}/{cfg.topk_group} H={cfg.hidden_size} I={cfg.moe_intermediate_size} "
           f"tokens={args.tokens} backend={args.backend} {args.device} {args.dtype} threads={torch.get_num_threads()} "

@@ -6,6 +6,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
     """Median seconds of each fn over `repeats` rounds; each round runs every fn once."""
@@ -23,3 +25,15 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warm
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: bool = True) -> float:
     return interleaved_medians({"fn": fn}, repeats, warmup)["fn"]
+
+
+def synced(step: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """`step`, timed to the end of its device work (CUDA launches return before the kernels finish)."""
+    if device.type != "cuda":
+        return step
+
+    def run() -> None:
+        torch.cuda.synchronize(device)
+        step()
+        torch.cuda.synchronize(device)
+    return run
