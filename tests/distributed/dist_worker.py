@@ -7,6 +7,7 @@ collective failure on purpose and so runs alone."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 import traceback
@@ -310,7 +311,7 @@ def main() -> None:
     scenario, OUT = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)
     if scenario == "hang":
-        RANK = int(__import__("os").environ["RANK"])
+        RANK = int(os.environ["RANK"])
         hang()
         return
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -334,6 +335,12 @@ def main() -> None:
         conditional_runs()
     dist.barrier()
     dist.destroy_process_group()
+    # Every result is saved and both ranks passed the barrier. The deliberately failing participation-check
+    # run can leave a gloo worker thread behind that aborts interpreter teardown ("terminate called without
+    # an active exception", seen once in ~20 runs under load), so leave without running it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
