@@ -6,12 +6,11 @@ checkpoints see the global tensors. Same parameter names as `GroupedExperts` (`g
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from lumina.model.experts import GroupedExperts, grouped_linear, grouped_mm_supported
+from lumina.model.experts import GroupedExperts, grouped_swiglu
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -60,12 +59,4 @@ class ShardedGroupedExperts(nn.Module):
             raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
                              f"[{self.num_local_experts}] (the local experts)")
         gate, up, down = (_local(getattr(self, name)) for name in PROJECTIONS)
-        if self.backend == "grouped_mm" and grouped_mm_supported(x, gate) and grouped_mm_supported(x, down):
-            offsets = tokens_per_expert.cumsum(0).to(torch.int32)
-            hidden = F.silu(grouped_linear(x, gate, offsets)) * grouped_linear(x, up, offsets)
-            return grouped_linear(hidden, down, offsets)
-        outs = []
-        for e, rows in enumerate(x.split(tokens_per_expert.tolist(), dim=0)):
-            hidden = F.silu(F.linear(rows, gate[e])) * F.linear(rows, up[e])
-            outs.append(F.linear(hidden, down[e]))
-        return torch.cat(outs, dim=0) if outs else x.new_zeros(x.shape)
+        return grouped_swiglu(x, gate, up, down, tokens_per_expert, self.backend)

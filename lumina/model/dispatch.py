@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
+from lumina.model.experts import CPU_CHUNK_BYTES
+
 
 class MoEDispatcher(Protocol):
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -109,7 +111,7 @@ class LocalDispatcher:
     itself); chunks below it reuse heap memory. The CUDA caching allocator has no such cost: there they are
     built whole."""
 
-    def __init__(self, cpu_chunk_bytes: int = 8 * 2**20) -> None:
+    def __init__(self, cpu_chunk_bytes: int = CPU_CHUNK_BYTES) -> None:
         if cpu_chunk_bytes < 1:
             raise ValueError(f"LocalDispatcher.cpu_chunk_bytes={cpu_chunk_bytes}: must be >= 1")
         self.cpu_chunk_bytes = cpu_chunk_bytes

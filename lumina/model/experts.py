@@ -13,21 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _GROUPED_MM_DTYPES_CPU = (torch.float32, torch.bfloat16, torch.float16)
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous (`_grouped_mm`'s backward rejects
-    broadcast/expanded gradients)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        if grad.dim() == 2 and grad.stride() != (grad.shape[1], 1):  # also empty/expanded ones
-            return grad.new_empty(grad.shape).copy_(grad)
-        return grad.contiguous()
+CPU_CHUNK_BYTES = 2**20  # largest CPU temporary the grouped SwiGLU builds at once (well under glibc's mmap threshold)
 
 
 def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -44,10 +30,89 @@ def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return ok_dtype and all(d * size % 16 == 0 for d in weight.shape[1:])
 
 
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """x [N, in] grouped by expert; weight [E, out, in]; offsets int32 [E] (cumulative ends) -> [N, out]."""
-    out = torch._grouped_mm(x.contiguous(), weight.transpose(-2, -1), offs=offsets)
-    return _ContiguousGrad.apply(out)
+def _row_chunks(rows: int, width: int, element_size: int, device: torch.device) -> list[slice]:
+    """Row slices of an [rows, width] tensor, each at most CPU_CHUNK_BYTES on CPU (one slice elsewhere)."""
+    step = rows if device.type != "cpu" else max(1, CPU_CHUNK_BYTES // (width * element_size))
+    return [slice(start, start + step) for start in range(0, rows, max(step, 1))]
+
+
+def _expert_chunks(offsets: torch.Tensor, width: int, element_size: int) -> list[tuple[int, int]]:
+    """Runs of whole experts [e0, e1) whose rows together stay at most CPU_CHUNK_BYTES wide-`width` rows (an
+    expert with more rows is a run of its own). offsets: int [E] cumulative row ends (read on the host)."""
+    max_rows = max(1, CPU_CHUNK_BYTES // (width * element_size))
+    ends = offsets.tolist()
+    runs, first, first_row = [], 0, 0
+    for e, end in enumerate(ends):
+        if e > first and end - first_row > max_rows:
+            runs.append((first, e))
+            first, first_row = e, ends[e - 1]
+    if ends:
+        runs.append((first, len(ends)))
+    return runs
+
+
+class _GroupedSwiGLU(torch.autograd.Function):
+    """y = down_e(silu(gate_e x) * up_e x) for the rows of each expert e, as three `torch._grouped_mm` calls.
+
+    Same arithmetic as autograd through the plain composition (outputs and input gradients equal to the bit),
+    with less memory: saves x, gate x, up x and the hidden product (not silu(gate x) too); the backward writes
+    the gradients of gate x and up x into those saved tensors' storage; on CPU the silu/product temporaries
+    and the up projection's input gradient are built a chunk at a time (fresh CPU tensors above glibc's mmap
+    threshold page-fault on every allocation; chunks reuse heap memory)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,  # noqa: ANN001
+                down: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        g = torch._grouped_mm(x, gate.transpose(-2, -1), offs=offsets)  # [N, I]
+        u = torch._grouped_mm(x, up.transpose(-2, -1), offs=offsets)
+        hidden = torch.empty_like(g)
+        for rows in _row_chunks(*g.shape, g.element_size(), g.device):
+            torch.mul(F.silu(g[rows]), u[rows], out=hidden[rows])
+        ctx.save_for_backward(x, gate, up, down, offsets, g, u, hidden)
+        return torch._grouped_mm(hidden, down.transpose(-2, -1), offs=offsets)  # [N, H]
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):  # noqa: ANN001, ANN205
+        x, gate, up, down, offsets, g, u, hidden = ctx.saved_tensors
+        need_x, need_gate, need_up, need_down, _ = ctx.needs_input_grad
+        if grad_y.stride() != (grad_y.shape[1], 1):  # expanded (e.g. from sum()) or empty with odd strides
+            grad_y = grad_y.new_empty(grad_y.shape).copy_(grad_y)
+        grad_down = torch._grouped_mm(grad_y.t(), hidden, offs=offsets) if need_down else None  # [E, H, I]
+        grad_hidden = torch._grouped_mm(grad_y, down, offs=offsets)  # [N, I]
+        for rows in _row_chunks(*g.shape, g.element_size(), g.device):
+            grad_silu = grad_hidden[rows] * u[rows]
+            torch.mul(grad_hidden[rows], F.silu(g[rows]), out=u[rows])  # u now holds d/d(up x)
+            torch.ops.aten.silu_backward.grad_input(grad_silu, g[rows], grad_input=g[rows])  # g: d/d(gate x)
+        grad_g, grad_u = g, u
+        grad_gate = torch._grouped_mm(grad_g.t(), x, offs=offsets) if need_gate else None  # [E, I, H]
+        grad_up = torch._grouped_mm(grad_u.t(), x, offs=offsets) if need_up else None
+        grad_x = None
+        if need_x:
+            grad_x = torch._grouped_mm(grad_g, gate, offs=offsets)  # [N, H]
+            if x.device.type != "cpu":
+                grad_x += torch._grouped_mm(grad_u, up, offs=offsets)
+            else:
+                for first, last in _expert_chunks(offsets, x.shape[1], x.element_size()):
+                    start = int(offsets[first - 1]) if first else 0
+                    rows = slice(start, int(offsets[last - 1]))
+                    grad_x[rows] += torch._grouped_mm(grad_u[rows], up[first:last],
+                                                      offs=offsets[first:last] - start)
+        return grad_x, grad_gate, grad_up, grad_down, None
+
+
+def grouped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                   tokens_per_expert: torch.Tensor, backend: str = "grouped_mm") -> torch.Tensor:
+    """x [N, H] grouped by expert (contiguous runs, sizes tokens_per_expert int [E]); gate/up [E, I, H],
+    down [E, H, I] -> [N, H]. "grouped_mm" falls back to "loop" where `torch._grouped_mm` cannot run."""
+    if backend == "grouped_mm" and grouped_mm_supported(x, gate) and grouped_mm_supported(x, down):
+        offsets = tokens_per_expert.cumsum(0).to(torch.int32)
+        return _GroupedSwiGLU.apply(x.contiguous(), gate, up, down, offsets)
+    outs = []
+    # unbind, not indexing: one stacked weight gradient instead of a full-size one per expert
+    weights = zip(gate.unbind(0), up.unbind(0), down.unbind(0), strict=True)
+    for rows, (g, u, d) in zip(x.split(tokens_per_expert.tolist(), dim=0), weights, strict=True):
+        outs.append(F.linear(F.silu(F.linear(rows, g)) * F.linear(rows, u), d))
+    return torch.cat(outs, dim=0) if outs else x.new_zeros(x.shape)
 
 
 class GroupedExperts(nn.Module):
@@ -74,17 +139,4 @@ class GroupedExperts(nn.Module):
         if tokens_per_expert.shape != (self.num_local_experts,):
             raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
                              f"[{self.num_local_experts}] (the local experts)")
-        if self.backend == "grouped_mm" and grouped_mm_supported(x, self.gate_proj) \
-                and grouped_mm_supported(x, self.down_proj):
-            offsets = tokens_per_expert.cumsum(0).to(torch.int32)
-            hidden = F.silu(grouped_linear(x, self.gate_proj, offsets)) * grouped_linear(x, self.up_proj, offsets)
-            return grouped_linear(hidden, self.down_proj, offsets)
-        return self._loop(x, tokens_per_expert)
-
-    def _loop(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        outs = []
-        # unbind, not indexing: one stacked weight gradient instead of a full-size one per expert
-        weights = zip(self.gate_proj.unbind(0), self.up_proj.unbind(0), self.down_proj.unbind(0), strict=True)
-        for rows, (gate, up, down) in zip(x.split(tokens_per_expert.tolist(), dim=0), weights, strict=True):
-            outs.append(F.linear(F.silu(F.linear(rows, gate)) * F.linear(rows, up), down))
-        return torch.cat(outs, dim=0) if outs else x.new_zeros(x.shape)
+        return grouped_swiglu(x, self.gate_proj, self.up_proj, self.down_proj, tokens_per_expert, self.backend)
