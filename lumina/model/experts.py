@@ -36,26 +36,24 @@ def _row_chunks(rows: int, width: int, element_size: int, device: torch.device) 
     return [slice(start, start + step) for start in range(0, rows, max(step, 1))]
 
 
-def _expert_chunks(offsets: torch.Tensor, width: int, element_size: int) -> list[tuple[int, int]]:
-    """Runs of whole experts [e0, e1) whose rows together stay at most CPU_CHUNK_BYTES wide-`width` rows (an
-    expert with more rows is a run of its own). offsets: int [E] cumulative row ends (read on the host)."""
+def _expert_runs(offsets: torch.Tensor, width: int, element_size: int) -> list[tuple[slice, slice]]:
+    """(experts, rows) slices of runs of whole experts whose rows stay within CPU_CHUNK_BYTES of `width`-wide
+    rows together (an expert with more rows is a run of its own). offsets: int [E] cumulative row ends."""
     max_rows = max(1, CPU_CHUNK_BYTES // (width * element_size))
-    ends = offsets.tolist()
-    runs, first, first_row = [], 0, 0
-    for e, end in enumerate(ends):
-        if e > first and end - first_row > max_rows:
-            runs.append((first, e))
-            first, first_row = e, ends[e - 1]
-    if ends:
-        runs.append((first, len(ends)))
+    starts = [0, *offsets.tolist()]  # starts[e]: expert e's first row; starts[E]: the row count
+    runs, first = [], 0
+    for e in range(1, len(starts)):
+        if e == len(starts) - 1 or starts[e + 1] - starts[first] > max_rows:
+            runs.append((slice(first, e), slice(starts[first], starts[e])))
+            first = e
     return runs
 
 
 class _GroupedSwiGLU(torch.autograd.Function):
     """y = down_e(silu(gate_e x) * up_e x) for the rows of each expert e, as three `torch._grouped_mm` calls.
 
-    Same arithmetic as autograd through the plain composition (outputs and input gradients equal to the bit),
-    with less memory: saves x, gate x, up x and the hidden product (not silu(gate x) too); the backward writes
+    Same arithmetic as autograd through the plain composition (output and gradients equal to the bit), but
+    with less memory: it saves x, gate x, up x and the hidden product (not silu(gate x) too); the backward writes
     the gradients of gate x and up x into those saved tensors' storage; on CPU the silu/product temporaries
     and the up projection's input gradient are built a chunk at a time (fresh CPU tensors above glibc's mmap
     threshold page-fault on every allocation; chunks reuse heap memory)."""
@@ -92,11 +90,8 @@ class _GroupedSwiGLU(torch.autograd.Function):
             if x.device.type != "cpu":
                 grad_x += torch._grouped_mm(grad_u, up, offs=offsets)
             else:
-                for first, last in _expert_chunks(offsets, x.shape[1], x.element_size()):
-                    start = int(offsets[first - 1]) if first else 0
-                    rows = slice(start, int(offsets[last - 1]))
-                    grad_x[rows] += torch._grouped_mm(grad_u[rows], up[first:last],
-                                                      offs=offsets[first:last] - start)
+                for experts, rows in _expert_runs(offsets, x.shape[1], x.element_size()):
+                    grad_x[rows] += torch._grouped_mm(grad_u[rows], up[experts], offs=offsets[experts] - rows.start)
         return grad_x, grad_gate, grad_up, grad_down, None
 
 

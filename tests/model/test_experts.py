@@ -110,10 +110,10 @@ def test_grouped_swiglu_saves_one_intermediate_less() -> None:
     n = int(counts.sum())
     inputs = [torch.randn(n, H), *(torch.randn(E, *shape, requires_grad=True)
                                    for shape in ((INTER, H), (INTER, H), (H, INTER)))]
+    weight_storages = {w.untyped_storage().data_ptr() for w in inputs[1:]}
     saved = {}
     for fn in (grouped_swiglu, _plain_grouped_swiglu):
         storages: dict[int, int] = {}
-        weight_storages = {w.untyped_storage().data_ptr() for w in inputs[1:]}
 
         def pack(t: torch.Tensor, storages: dict[int, int] = storages) -> torch.Tensor:
             if t.is_floating_point() and t.untyped_storage().data_ptr() not in weight_storages:
