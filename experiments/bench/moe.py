@@ -9,15 +9,18 @@ MLP (8x less activation memory on the hidden side). Routed experts only (no shar
 Prints median seconds per fwd+bwd, loop/lumina (goal >= 5) and lumina/floor for both floors (goal <= 1.25).
 All are measured round-robin in one process so machine load hits them alike.
 
-Measured 2026-11-29 on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4096 tokens:
-  2 threads, three runs (median of 9 each): lumina 730-754 ms, loop 3541-3801 ms -> 4.95x / 4.85x / 5.04x;
-    lumina / T*k-copies floor 1.26x / 1.26x / 1.27x; lumina / k*I-wide floor 1.44x / 1.42x / 1.41x.
-  1 thread (median of 5): 1302 / 5858 / 1085 / 982 ms -> 4.50x; 1.20x; 1.33x.
-Where the rest goes: every fresh CPU tensor above glibc's 32 MiB mmap threshold page-faults (about 25 ms per
-64 MiB here), and the experts' path has five [T*k, H] ones per step that the k*I-wide layer does not
-(gathered copies, expert outputs, their gradient, two input gradients) plus E/k = 8x larger weight gradients;
-each grouped GEMM runs as 64 small GEMMs. The combine and the gather's backward build their temporaries in chunks
-(LocalDispatcher.cpu_chunk_bytes), which took lumina at 2 threads from 837 ms to about 740 ms."""
+Each candidate's step starts by setting its parameters' gradients to None, as `optimizer.zero_grad()` does.
+
+Measured 2026-11-29 on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4096 tokens (median of 9):
+  2 threads, three runs: lumina 672-700 ms, loop 3540-3877 ms -> 5.18x / 5.43x / 5.54x;
+    lumina / T*k-copies floor 1.16x / 1.15x / 1.13x; lumina / k*I-wide floor 1.34x / 1.30x / 1.30x.
+  1 thread (median of 5): 1172 / 5580 / 1086 / 964 ms -> 4.76x; 1.08x; 1.22x.
+Where the time goes: every fresh CPU tensor above glibc's 32 MiB mmap threshold page-faults (about 25 ms per
+64 MiB here; small GEMMs cost no more than one large one once their outputs exist). The experts'
+`_GroupedSwiGLU` allocates less than the dense layer's autograd (no silu(gate x) copy, gate/up gradients
+written in place, chunked temporaries; before it: 726-760 ms, 1.24-1.27x and 4.97-5.10x). What remains over
+the k*I-wide floor is what the dispatcher seam materialises at T*k rows (the gathered copies, the expert
+outputs, their gradient, the copies' gradient) plus E/k = 8x larger weight gradients."""
 
 from __future__ import annotations
 
@@ -65,10 +68,14 @@ def boolean_mask_moe(moe: MoE, official: OfficialExperts, x: torch.Tensor) -> to
     return weighted.sum(dim=1).to(x.dtype)
 
 
-def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-            grad: torch.Tensor) -> Callable[[], None]:
-    """One forward+backward of `fn` from a fresh leaf copy of x, timed to the end of its device work."""
+def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor,
+            params: list[nn.Parameter]) -> Callable[[], None]:
+    """One training step's forward+backward of `fn` from a fresh leaf copy of x, timed to the end of its device
+    work. It starts by setting the parameters' gradients to None, as `optimizer.zero_grad()` does between steps,
+    so each backward writes fresh weight gradients instead of accumulating into the last step's."""
     def step() -> None:
+        for param in params:
+            param.grad = None
         fn(x.detach().requires_grad_()).backward(grad)
     return synced(step, x.device)
 
@@ -109,8 +116,10 @@ def main() -> None:
     def loop_path(t: torch.Tensor) -> torch.Tensor:
         return boolean_mask_moe(moe, official, t)
 
-    candidates = {"lumina": (lumina_path, x, grad), "boolean-mask loop": (loop_path, x, grad),
-                  "dense, T*k copies": (dense_copies, copies, copies_grad), "dense, k*I wide": (dense_wide, x, grad)}
+    candidates = {"lumina": (lumina_path, x, grad, list(moe.parameters())),
+                  "boolean-mask loop": (loop_path, x, grad, [*moe.gate.parameters(), *official.parameters()]),
+                  "dense, T*k copies": (dense_copies, copies, copies_grad, list(dense_copies.parameters())),
+                  "dense, k*I wide": (dense_wide, x, grad, list(dense_wide.parameters()))}
     with torch.no_grad():  # the two MoE paths compute the same function
         tolerance = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(lumina_path(x), loop_path(x), rtol=tolerance, atol=tolerance)
