@@ -71,6 +71,10 @@ class _GroupedSwiGLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):  # noqa: ANN001, ANN205
+        if getattr(ctx, "consumed", False):
+            raise RuntimeError("the grouped SwiGLU experts' backward ran twice on one graph (retain_graph=True): its "
+                               "first backward overwrote the saved activations with their gradients")
+        ctx.consumed = True
         x, gate, up, down, offsets, g, u, hidden = ctx.saved_tensors
         need_x, need_gate, need_up, need_down, _ = ctx.needs_input_grad
         if grad_y.stride() != (grad_y.shape[1], 1):  # expanded (e.g. from sum()) or empty with odd strides

@@ -126,6 +126,16 @@ def test_grouped_swiglu_saves_one_intermediate_less() -> None:
     assert saved["_plain_grouped_swiglu"] == (n * H + 4 * n * INTER) * 4
 
 
+def test_grouped_swiglu_refuses_a_second_backward_on_one_graph() -> None:
+    counts = torch.tensor([3, 0, 2, 1, 0, 0, 0, 4])
+    inputs = [torch.randn(10, H, requires_grad=True), *(torch.randn(E, *shape, requires_grad=True)
+                                                          for shape in ((INTER, H), (INTER, H), (H, INTER)))]
+    y = grouped_swiglu(*inputs, counts)
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        y.sum().backward()
+
+
 def test_grouped_experts_handle_zero_tokens() -> None:
     experts = GroupedExperts(E, H, INTER)
     x = torch.zeros(0, H, requires_grad=True)
