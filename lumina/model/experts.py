@@ -3,8 +3,10 @@ expert slice: `gate_proj`/`up_proj` [E_local, I, H], `down_proj` [E_local, H, I]
 [expert_offset, expert_offset + E_local) of the layer live here.
 
 Input rows arrive grouped by expert (contiguous slices, sizes `tokens_per_expert`). Two backends compute the
-same SwiGLU per slice: "grouped_mm" (`torch._grouped_mm`, one kernel per projection) and "loop" (one matmul per
-contiguous slice). "grouped_mm" falls back to the loop where the kernel cannot run (dtype/alignment/device)."""
+same SwiGLU per slice (`grouped_swiglu`, shared with the expert-parallel `ShardedGroupedExperts`): "grouped_mm"
+(`torch._grouped_mm`, one kernel per projection, in one autograd Function with a memory-lean backward) and
+"loop" (one matmul per contiguous slice, autograd's own backward). "grouped_mm" falls back to the loop where
+the kernel cannot run (dtype/alignment/device)."""
 
 from __future__ import annotations
 
