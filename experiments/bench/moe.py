@@ -20,7 +20,10 @@ Where the time goes: every fresh CPU tensor above glibc's 32 MiB mmap threshold 
 `_GroupedSwiGLU` allocates less than the dense layer's autograd (no silu(gate x) copy, gate/up gradients
 written in place, chunked temporaries; before it: 726-760 ms, 1.24-1.27x and 4.97-5.10x). What remains over
 the k*I-wide floor is what the dispatcher seam materialises at T*k rows (the gathered copies, the expert
-outputs, their gradient, the copies' gradient) plus E/k = 8x larger weight gradients."""
+outputs, their gradient, the copies' gradient) plus E/k = 8x larger weight gradients.
+With glibc told to reuse heap memory instead (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296, 2 threads):
+lumina 551 ms, loop 1132 ms, floors 467 / 437 ms -> 2.05x; 1.18x; 1.26x. Most of the loop's 5x deficit above is
+its own page faults; transparent huge pages (THP_MEM_ALLOC_ENABLE=1) made lumina slower (944 ms)."""
 
 from __future__ import annotations
 
