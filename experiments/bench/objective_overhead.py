@@ -3,7 +3,8 @@
 Baseline (same process, same logits): F.cross_entropy(text, reduction="sum") / Nt plus the mean over codebooks
 of F.cross_entropy(image, reduction="sum") / Ni, backward. The objective adds label normalisation, the
 one-sync validation, gathering at the output's rows, fp32 upcast, the balance loss and the expert counts.
-ratio = objective time / baseline time (medians of round-robin repeats). Run: python experiments/bench/objective_overhead.py
+ratio = objective time / baseline time (medians of round-robin repeats).
+Run: python experiments/bench/objective_overhead.py
 """
 
 from __future__ import annotations

@@ -6,13 +6,12 @@ from collections.abc import Sequence
 
 import torch
 
+from lumina.data.batch import as_int_tuple
+
 
 def check_bounds(bounds: Sequence[int], seq_len: int, name: str = "cu_seqlens") -> tuple[int, ...]:
     """Validate host bounds: integers that start at 0, strictly increase, end at or before `seq_len`."""
-    fractional = [b for b in bounds if int(b) != b]
-    if fractional:
-        raise ValueError(f"{name} must hold integers, got {fractional[:4]} in {list(bounds)}")
-    bounds = tuple(int(b) for b in bounds)
+    bounds = as_int_tuple(name, bounds)
     if len(bounds) < 2:
         raise ValueError(f"{name} must hold at least 2 entries (one segment), got {list(bounds)}")
     if bounds[0] != 0:

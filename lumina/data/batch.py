@@ -22,6 +22,14 @@ import torch
 _FLOAT_EXACT_LIMIT = 2**24  # float32 holds every integer below this exactly
 
 
+def as_int_tuple(name: str, values) -> tuple[int, ...]:  # noqa: ANN001 - any sequence of numbers
+    """Host integers; fractional values raise (never truncated)."""
+    fractional = [v for v in values if int(v) != v]
+    if fractional:
+        raise ValueError(f"{name} must hold integers, got {fractional[:4]} in {list(values)}")
+    return tuple(int(v) for v in values)
+
+
 def as_int64(name: str, t: torch.Tensor) -> torch.Tensor:
     """Widen an id/label tensor to int64; refuse dtypes that cannot hold token ids exactly."""
     if t.dtype == torch.int64:
@@ -126,10 +134,7 @@ class PackedBatch:
             raise ValueError(f"cu_seqlens must be 1-D [n + 1], got shape {list(cu.shape)}")
         self.cu_seqlens = as_int64("cu_seqlens", cu).to(torch.int32)
         if self.seg_bounds is not None:
-            fractional = [b for b in self.seg_bounds if int(b) != b]
-            if fractional:
-                raise ValueError(f"seg_bounds must hold integers, got {fractional[:4]} in {list(self.seg_bounds)}")
-            self.seg_bounds = tuple(int(b) for b in self.seg_bounds)
+            self.seg_bounds = as_int_tuple("seg_bounds", self.seg_bounds)
         if self.query_rows is not None:
             self.query_rows = as_int64("query_rows", self.query_rows).reshape(-1)
 

@@ -138,7 +138,7 @@ class LuminaDataModule(L.LightningDataModule):
                              "use_distributed_sampler=False (got True)")
         if not any(cb is self.cursor_callback for cb in trainer.callbacks):
             trainer.callbacks.insert(0, self.cursor_callback)
-        if isinstance(self.train_source, MixtureSource) and self.mixture_callback not in trainer.callbacks:
+        if self.mixture_callback is not None and self.mixture_callback not in trainer.callbacks:
             trainer.callbacks.append(self.mixture_callback)
 
     def _trainer_epoch(self) -> int:

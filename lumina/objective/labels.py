@@ -1,8 +1,9 @@
 """Label normalisation and target gathering at the model output's supervised rows.
 
 Row semantics (official contract 5.2/5.3): a type-3 row is supervised when its column-0 label is not -100
-(text target = column 0, no shift; labels in other columns with column 0 = -100 are an error); a type-4 row is supervised when any of its C labels is not -100, and
-then all C must be image codes in [0, codebook_size). Labels on rows of any other type are errors.
+(text target = column 0, no shift; labels in other columns with column 0 = -100 are an error); a type-4
+row is supervised when any of its C labels is not -100, and then all C must be image codes in
+[0, codebook_size). Labels on rows of any other type are errors.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """`build_datamodule`: the LuminaDataModule a training config asks for (built-in world and/or Parquet shards,
-one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json's special tokens."""
+one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json's
+special tokens."""
 
 from __future__ import annotations
 
