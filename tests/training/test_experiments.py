@@ -43,7 +43,7 @@ def test_fast_dev_run(experiment, tmp_path, hf_dir):
     overrides = [f"experiment={experiment}", "trainer.fast_dev_run=true", *quiet(tmp_path), *small_data()]
     cfg = compose_train(overrides)
     if OmegaConf.is_missing(cfg.model, "init_from"):  # experiments that start from an HF directory
-        cfg = compose_train([*overrides, f"model.init_from={hf_dir}", f"data.tokenizer={hf_dir}/tokenizer.json"])
+        cfg = compose_train([*overrides, f"model.init_from={hf_dir}"])
     if cfg.requires_cuda and not torch.cuda.is_available():
         pytest.skip(f"experiment={experiment} needs CUDA")
     if cfg.callbacks.get("generation_eval") is not None:
