@@ -3,6 +3,10 @@ whichever conftest pytest loaded last when several test folders are given)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
 import torch
 
 from lumina.data import PackedBatch
@@ -44,3 +48,16 @@ def random_pack(seed: int, lengths: list[int], tail: int = 0, full_rules: bool =
         position_ids=torch.arange(seq_len), is_clean=clean, token_valid=valid,
         cu_seqlens=torch.tensor(cu, dtype=torch.int32), seg_bounds=tuple(cu),
     )
+
+
+@contextmanager
+def forbid_host_reads(monkeypatch: pytest.MonkeyPatch, where: str) -> Iterator[None]:
+    """Inside the block, any read of a tensor's values on the host raises AssertionError naming `where`."""
+    def host_read(*args, **kwargs):
+        raise AssertionError(f"host read {where}")
+
+    with monkeypatch.context() as patch:
+        for name in ("tolist", "item", "__bool__", "nonzero", "__int__", "__index__"):
+            patch.setattr(torch.Tensor, name, host_read)
+        patch.setattr(torch, "nonzero", host_read)
+        yield

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attn_helpers import random_pack
+from attn_helpers import forbid_host_reads, random_pack
 from test_backends import HEAD_DIM, HEADS, KV_HEADS, TOLERANCE, qkv, run
 
 from lumina.attention import attend, backend_calls, build_spec, reset_backend_calls
@@ -93,14 +93,8 @@ def test_flex_block_mask_build_does_no_host_reads(monkeypatch):
 
     spec = build_spec(random_pack(9, [24, 24, 40, 16], tail=8), backend="flex")
 
-    def host_read(*args, **kwargs):
-        raise AssertionError("host read while building the flex BlockMask")
-
-    for name in ("tolist", "item", "__bool__", "nonzero", "__int__", "__index__"):
-        monkeypatch.setattr(torch.Tensor, name, host_read)
-    monkeypatch.setattr(torch, "nonzero", host_read)
-    block_mask = build_block_mask(spec)
-    monkeypatch.undo()
+    with forbid_host_reads(monkeypatch, "while building the flex BlockMask"):
+        block_mask = build_block_mask(spec)
     assert block_mask.kv_num_blocks.shape == (1, 1, 1)  # S = 112: one 128-block
     assert int(block_mask.full_kv_num_blocks.sum()) == 0  # 4 segments share the block: not fully allowed
 

@@ -38,5 +38,3 @@ def tokenizer_dir(tmp_path: Path) -> Path:
     for name, text in files.items():
         (src / name).write_text(text)
     return src
-
-

@@ -39,5 +39,3 @@ def mixed_samples(c: int = 8, high: int = 4096) -> list[Sample]:
         Sample("chat-0", [Turn("system", [Text([5, 6])]), Turn("user", [Text([40])]), Turn("assistant", [Text([41])]),
                           Turn("user", [Text([42, 43])]), Turn("assistant", [Text([44, 45, 46])])]),
     ]
-
-

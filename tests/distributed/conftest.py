@@ -4,27 +4,13 @@ group healthy) and one "hang" run (ends in a collective failure on purpose)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import launch, tiny_config
+from dist_helpers import run_scenario, tiny_config
 
 from lumina.checkpoint import save_pretrained
 from lumina.model import LuminaModel
-
-
-def _run(scenario: str, out: Path, expect_ok: bool) -> Callable[[str, int], dict]:
-    results = launch(scenario, out)
-    if expect_ok and any(r.returncode != 0 for r in results):
-        tails = "\n".join(f"--- rank {i} (exit {r.returncode}) ---\n{r.stdout[-4000:]}" for i, r in enumerate(results))
-        pytest.fail(f"distributed scenario {scenario!r} failed:\n{tails}")
-
-    def load(name: str, rank: int) -> dict:
-        return torch.load(out / f"{name}.rank{rank}.pt", weights_only=False)
-    load.out = out  # type: ignore[attr-defined]
-    load.processes = results  # type: ignore[attr-defined]
-    return load
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +25,9 @@ def core(tmp_path_factory: pytest.TempPathFactory, reference_state) -> Callable[
     out = tmp_path_factory.mktemp("dist_core")
     torch.manual_seed(0)
     save_pretrained(LuminaModel(tiny_config()), out / "hf_in", layout="split")
-    return _run("core", out, expect_ok=True)
+    return run_scenario("core", out, expect_ok=True)
 
 
 @pytest.fixture(scope="session")
 def hang(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], dict]:
-    return _run("hang", tmp_path_factory.mktemp("dist_hang"), expect_ok=False)
+    return run_scenario("hang", tmp_path_factory.mktemp("dist_hang"), expect_ok=False)

@@ -7,8 +7,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from lumina.data.batch import PackedBatch
@@ -100,3 +102,17 @@ def launch(scenario: str, out_dir: Path, world: int = 2, timeout_s: float = 240.
             raise RuntimeError(f"distributed scenario {scenario!r} did not finish in {timeout_s} s") from None
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, None))
     return results
+
+
+def run_scenario(scenario: str, out: Path, expect_ok: bool, world: int = 2) -> Callable[[str, int], dict]:
+    """Launch `scenario` on `world` gloo ranks; the result loads rank r's saved `name` as load(name, r)."""
+    results = launch(scenario, out, world=world)
+    if expect_ok and any(r.returncode != 0 for r in results):
+        tails = "\n".join(f"--- rank {i} (exit {r.returncode}) ---\n{r.stdout[-4000:]}" for i, r in enumerate(results))
+        pytest.fail(f"distributed scenario {scenario!r} failed:\n{tails}")
+
+    def load(name: str, rank: int) -> dict:
+        return torch.load(out / f"{name}.rank{rank}.pt", weights_only=False)
+    load.out = out  # type: ignore[attr-defined]
+    load.processes = results  # type: ignore[attr-defined]
+    return load

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_helpers import FEW, MANY, launch, make_pack, tiny_config, union
+from dist_helpers import FEW, MANY, make_pack, run_scenario, tiny_config, union
 
 from lumina.checkpoint import save_pretrained
 from lumina.model import LuminaModel
@@ -18,24 +18,20 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("dist_four")
     torch.manual_seed(0)
     save_pretrained(LuminaModel(tiny_config()), out / "hf_in", layout="split")
-    results = launch("four", out, world=4)
-    if any(r.returncode != 0 for r in results):
-        pytest.fail("\n".join(f"--- rank {i} (exit {r.returncode}) ---\n{r.stdout[-3000:]}"
-                              for i, r in enumerate(results)))
-    return [torch.load(out / f"four.rank{r}.pt", weights_only=False) for r in range(4)]
+    load = run_scenario("four", out, expect_ok=True, world=4)
+    return [load("four", rank) for rank in range(4)]
 
 
 @pytest.fixture(scope="module")
 def one_process() -> dict:
     torch.manual_seed(0)
     model = LuminaModel(tiny_config())
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
     pair = union(make_pack(FEW, seed=10), make_pack(MANY, seed=11))  # ranks 0, 2: FEW; ranks 1, 3: MANY
     batch = union(pair, pair)
     LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)))(model(batch), batch).loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))  # naive: one flat vector
-    return {"weights": weights, "grads": grads, "norm": norm}
+    return {"grads": grads, "norm": norm}
 
 
 def test_expert_tensors_are_split_on_both_mesh_dims(four) -> None:
@@ -44,10 +40,10 @@ def test_expert_tensors_are_split_on_both_mesh_dims(four) -> None:
         assert got["local_expert_rows"] == 2  # 8 experts / (ep 2 x expert_fsdp 2)
 
 
-def test_split_hf_checkpoint_loads_into_the_shards(four, one_process) -> None:
+def test_split_hf_checkpoint_loads_into_the_shards(four, reference_state) -> None:
     for got in four:
-        assert got["weights"].keys() == one_process["weights"].keys()
-        for name, value in one_process["weights"].items():
+        assert got["weights"].keys() == reference_state.keys()
+        for name, value in reference_state.items():
             assert torch.equal(got["weights"][name], value), name
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures of the generation tests: a tiny model, its special tokens, one torch thread."""
+"""Shared fixtures of the generation tests: a tiny model and its special tokens."""
 
 from __future__ import annotations
 

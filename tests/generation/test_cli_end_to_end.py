@@ -79,15 +79,9 @@ def test_generate_understand(trained, tmp_path):
 
 
 def test_generate_rejects_words_outside_the_vocabulary(trained, tmp_path):
-    from hydra import compose, initialize_config_dir
-
-    from lumina.cli.train import CONF_DIR
     from lumina.generation.run import run
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("generate", overrides=["task=t2i", f"checkpoint={trained}/hf",
-                                             'prompts=["draw a purple thing"]'])
-    cfg.output_dir = str(tmp_path / "bad")
+    cfg = _compose(["task=t2i", f"checkpoint={trained}/hf", 'prompts=["draw a purple thing"]'], tmp_path / "bad")
     with pytest.raises(ValueError, match="'purple' is not in the vocabulary"):
         run(cfg)
 

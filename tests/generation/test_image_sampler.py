@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 
 import pytest
 import torch
+from gen_helpers import record_backbone_packs
 
 from lumina.data.layout import layout_eval
 from lumina.data.layout_pieces import concat_pieces, layout_image_answer, layout_prompt
@@ -22,20 +22,6 @@ def _single_forward_rows(model, sequence, rows):
     with torch.no_grad():
         return model.backbone(batch)[0, rows]
 
-
-
-def record_backbone_packs(model) -> list:
-    """Wrap `model.backbone` so every pack it sees is copied into the returned list (the sampler updates its
-    pack in place between steps); `del model.backbone` restores the real one."""
-    seen = []
-    real_backbone = model.backbone
-
-    def recording_backbone(batch):
-        seen.append(copy.deepcopy(batch))
-        return real_backbone(batch)
-
-    model.backbone = recording_backbone
-    return seen
 
 def test_first_step_guidance_equals_two_separate_forwards(tiny_model, tokens):
     s = 2.0

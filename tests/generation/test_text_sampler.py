@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from gen_helpers import record_backbone_packs
 
 from lumina.data.layout import layout_eval
 from lumina.data.noise import NoiseConfig
@@ -25,21 +24,9 @@ def _favour_token(model, token: int, margin: float = 30.0) -> None:
         model.lm_head.weight[token, 0] = margin / 8.0  # h_0 = sqrt(H) = 8 for a one-hot residual direction
 
 
-def _recording(model):
-    seen = []
-    real = model.backbone
-
-    def backbone(batch):
-        seen.append(copy.deepcopy(batch))  # the sampler updates its pack in place between steps
-        return real(batch)
-
-    model.backbone = backbone
-    return seen
-
-
 def test_fixed_head_decodes_the_favoured_token_in_every_slot(tiny_model, tokens):
     _favour_token(tiny_model, 77)
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     config = TextSamplingConfig(gen_length=16, block_length=8, steps=4, temperature=1.0)
     (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21])], key=0)], tokens, config)
     assert answer.ids == [77] * 16 and not answer.finished
@@ -48,7 +35,7 @@ def test_fixed_head_decodes_the_favoured_token_in_every_slot(tiny_model, tokens)
 
 def test_eoa_stops_after_its_block_and_cuts_the_answer(tiny_model, tokens):
     _favour_token(tiny_model, tokens.eoa)
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     config = TextSamplingConfig(gen_length=32, block_length=8, steps=2)
     (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21])], key=0)], tokens, config)
     assert answer.finished and answer.ids == [] and answer.raw == [tokens.eoa] * 8
@@ -56,7 +43,7 @@ def test_eoa_stops_after_its_block_and_cuts_the_answer(tiny_model, tokens):
 
 
 def test_commits_per_step_follow_the_linear_schedule(tiny_model, tokens):
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     config = TextSamplingConfig(gen_length=7, block_length=7, steps=3)
     generate_text(tiny_model, [Prompt([Text([20])], key=0)], tokens, config)
     masked_before = [int((b.input_ids[0, -7:, 0] == tokens.text_mask).sum()) for b in seen]
@@ -72,7 +59,7 @@ def test_first_step_sequence_is_the_training_layout_fully_masked_without_memory(
                           Turn("assistant", [Text(answer)])])
     expected = layout_eval(sample, tokens, NoiseConfig(block_length=block), seed=0, t=1.0)
     memory_rows = len(answer) + 1
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     prompt = Prompt([image, Text([40, 41])], system=[15, 16], key=0)
     generate_text(tiny_model, [prompt], tokens, TextSamplingConfig(gen_length=block, block_length=block, steps=2))
     first = seen[0]
@@ -83,7 +70,7 @@ def test_first_step_sequence_is_the_training_layout_fully_masked_without_memory(
 
 def test_finished_blocks_are_clean_like_the_answer_memory(tiny_model, tokens):
     block = 4
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     generate_text(tiny_model, [Prompt([Text([20, 21, 22])], key=0)], tokens,
                   TextSamplingConfig(gen_length=8, block_length=block, steps=2))
     second_block = seen[2]  # steps 0, 1 decode block 0; step 2 is the first of block 1
@@ -112,7 +99,7 @@ def test_seeded_and_batch_independent(tiny_model, tokens):
 
 def test_threshold_commits_every_confident_slot_at_once(tiny_model, tokens):
     _favour_token(tiny_model, 77)  # every slot has confidence ~1
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     config = TextSamplingConfig(gen_length=8, block_length=8, steps=8, threshold=0.9)
     (answer,) = generate_text(tiny_model, [Prompt([Text([20])], key=0)], tokens, config)
     assert answer.raw == [77] * 8
@@ -137,7 +124,7 @@ def test_config_errors_name_the_field():
 def test_commits_are_the_most_confident_argmax_slots(tiny_model, tokens):
     """At temperature 0 each step commits, per the linear schedule, the masked slots whose softmax probability
     of their argmax token is highest, with that token; reference: a separate forward of each step's input."""
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     block, steps = 8, 4
     (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21, 22])], key=0)], tokens,
                               TextSamplingConfig(gen_length=block, block_length=block, steps=steps))
@@ -171,7 +158,7 @@ def test_defaults_are_the_official_ones():
 def test_third_block_metadata_by_hand(tiny_model, tokens):
     """Contract 6.2 at block 2 (block_length 3): prompt clean in turn 0 with block -1; BOA noisy, turn 1, block
     0, type 1 at position P; finished answers clean, type 3, block offset // 3; the current block noisy."""
-    seen = _recording(tiny_model)
+    seen = record_backbone_packs(tiny_model)
     generate_text(tiny_model, [Prompt([Text([30, 31])], key=0)], tokens,
                   TextSamplingConfig(gen_length=9, block_length=3, steps=1))
     third = seen[2]

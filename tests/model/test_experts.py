@@ -73,6 +73,11 @@ def test_grouped_mm_and_loop_backends_agree() -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def _expert_weights(dtype: torch.dtype = torch.float32, scale: float = 1.0) -> list[torch.Tensor]:
+    """Random gate [E, I, H], up [E, I, H] and down [E, H, I] projections."""
+    return [torch.randn(E, *shape, dtype=dtype) * scale for shape in ((INTER, H), (INTER, H), (H, INTER))]
+
+
 def _plain_grouped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                           counts: torch.Tensor) -> torch.Tensor:
     """The same three grouped GEMMs composed with autograd's own backward (what the fused Function replaces)."""
@@ -90,8 +95,7 @@ def test_grouped_swiglu_equals_the_autograd_composition_to_the_bit(dtype: torch.
     torch.manual_seed(0)
     counts = torch.tensor([0, 21, 3, 0, 1, 30, 2, 0])  # empty experts, one larger than a chunk
     x = torch.randn(int(counts.sum()), H, dtype=dtype)
-    weights = [torch.randn(E, INTER, H, dtype=dtype) * 0.2, torch.randn(E, INTER, H, dtype=dtype) * 0.2,
-               torch.randn(E, H, INTER, dtype=dtype) * 0.2]
+    weights = _expert_weights(dtype, scale=0.2)
     grad = torch.randn(x.shape[0], H, dtype=dtype)
     results = []
     for fn in (grouped_swiglu, _plain_grouped_swiglu):
@@ -108,8 +112,7 @@ def test_grouped_swiglu_saves_one_intermediate_less() -> None:
     torch.manual_seed(0)
     counts = torch.tensor([5, 0, 7, 4, 0, 9, 1, 6])
     n = int(counts.sum())
-    inputs = [torch.randn(n, H), *(torch.randn(E, *shape, requires_grad=True)
-                                   for shape in ((INTER, H), (INTER, H), (H, INTER)))]
+    inputs = [torch.randn(n, H), *(w.requires_grad_() for w in _expert_weights())]
     weight_storages = {w.untyped_storage().data_ptr() for w in inputs[1:]}
     saved = {}
     for fn in (grouped_swiglu, _plain_grouped_swiglu):
@@ -128,8 +131,7 @@ def test_grouped_swiglu_saves_one_intermediate_less() -> None:
 
 def test_grouped_swiglu_refuses_a_second_backward_on_one_graph() -> None:
     counts = torch.tensor([3, 0, 2, 1, 0, 0, 0, 4])
-    inputs = [torch.randn(10, H, requires_grad=True), *(torch.randn(E, *shape, requires_grad=True)
-                                                          for shape in ((INTER, H), (INTER, H), (H, INTER)))]
+    inputs = [torch.randn(10, H, requires_grad=True), *(w.requires_grad_() for w in _expert_weights())]
     y = grouped_swiglu(*inputs, counts)
     y.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="retain_graph"):
@@ -208,7 +210,6 @@ def test_gradient_checkpointing_gives_equal_grads_and_counts_once() -> None:
 @pytest.mark.parametrize("chunk_bytes", [8 * 2**20, 3 * K * H * 4])
 def test_bf16_combine_weighs_and_sums_in_fp32(chunk_bytes: int) -> None:
     """bf16 copies: output = bf16(sum_k w * y.float()), grads follow the fp32 computation."""
-    torch.manual_seed(0)
     _, _, ids, weights = _routed("grouped_mm")
     x = torch.randn(40, H, dtype=torch.bfloat16, requires_grad=True)
     w = weights.clone().requires_grad_()

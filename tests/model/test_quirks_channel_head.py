@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lumina_reference import channel_head as reference_channel_head
+from lumina_reference import layer_norm
 
 from lumina.model import LuminaConfig, LuminaModel
 
@@ -85,12 +86,6 @@ def test_sampling_entry_reproduces_teacher_forcing_on_its_own_codes() -> None:
 
 # ---- one focused test per channel-head quirk (contract section 2 / 5.2), each computed by hand ----
 
-def _layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    y = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-6)
-    return y if weight is None else y * weight + bias
-
-
 def _set_modulation(linear: torch.nn.Linear, chunks: list[torch.Tensor]) -> None:
     """adaLN Linear with zero weight: its output is the bias, i.e. the given chunks whatever the condition."""
     with torch.no_grad():
@@ -109,9 +104,9 @@ def test_block_modulation_chunks_are_shift_scale_gate_for_attention_then_mlp() -
     x = torch.randn(2, 4, dim, dtype=torch.float64)
     cond = torch.randn(2, 4, dim, dtype=torch.float64)
     mask = torch.zeros(4, 4, dtype=torch.float64)
-    normed = _layer_norm(x, block.norm1.weight, block.norm1.bias)
+    normed = layer_norm(x, block.norm1.weight, block.norm1.bias)
     x1 = x + gate_a * block.attn(normed * (1 + scale_a) + shift_a, mask)
-    normed = _layer_norm(x1, block.norm2.weight, block.norm2.bias)
+    normed = layer_norm(x1, block.norm2.weight, block.norm2.bias)
     want = x1 + gate_m * block.mlp(normed * (1 + scale_m) + shift_m)
     torch.testing.assert_close(block(x, cond, mask), want, rtol=1e-10, atol=1e-10)
 
@@ -124,7 +119,7 @@ def test_final_layer_chunks_are_scale_then_shift() -> None:
     _set_modulation(final.adaLN_modulation[1], [scale, shift])
     x = torch.randn(3, 4, dim, dtype=torch.float64)
     got = final(x, torch.randn(3, 4, dim, dtype=torch.float64))
-    torch.testing.assert_close(got, _layer_norm(x) * (1 + scale) + shift, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got, layer_norm(x, None, None) * (1 + scale) + shift, rtol=1e-10, atol=1e-10)
 
 
 def test_head_input_adaln_condition_and_the_two_final_layer_norms() -> None:
@@ -150,6 +145,6 @@ def test_head_input_adaln_condition_and_the_two_final_layer_norms() -> None:
         want = cond + head.timesteps_embeddings[0, j]
         torch.testing.assert_close(seen["ada"][:, j], want, rtol=0, atol=1e-12)
     # final modulation is zero here (scale = shift = 0): states = LayerNorm(channel_norm(last block output))
-    twice = _layer_norm(_layer_norm(seen["last"], head.channel_norm.weight, head.channel_norm.bias))
+    twice = layer_norm(layer_norm(seen["last"], head.channel_norm.weight, head.channel_norm.bias), None, None)
     torch.testing.assert_close(states, twice, rtol=1e-10, atol=1e-10)
-    assert not torch.allclose(states, _layer_norm(seen["last"]), atol=1e-3)  # channel_norm is observable
+    assert not torch.allclose(states, layer_norm(seen["last"], None, None), atol=1e-3)  # channel_norm is observable

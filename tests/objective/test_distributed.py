@@ -38,7 +38,6 @@ def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 @pytest.fixture(scope="module")
 def references() -> dict[str, dict]:
     """One process, no torch.distributed: each scenario's union batch."""
-    torch.set_num_threads(1)
     refs = {}
     for name, scenario in scenarios().items():
         model = build_model()

@@ -7,6 +7,7 @@ import torch
 from objective_helpers import HandOutput, make_batch
 from torch import nn
 
+from lumina.model import LuminaOutput
 from lumina.objective import (
     BalanceConfig,
     LuminaObjective,
@@ -55,7 +56,7 @@ def test_find_expert_biases_in_module_order() -> None:
     assert biases[1] is model.layers[1].mlp.gate.expert_bias
 
 
-def routed(topk: list[list[int]], valid: list[bool]) -> tuple[HandOutput, object]:
+def routed(topk: list[list[int]], valid: list[bool]) -> tuple[LuminaOutput, object]:
     """One micro-batch whose two layers route identically."""
     ids = torch.tensor([topk])
     out = HandOutput(text_logits=torch.zeros(0, 5), text_rows=torch.zeros(0, dtype=torch.long),

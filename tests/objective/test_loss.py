@@ -8,6 +8,7 @@ import pytest
 import torch
 from objective_helpers import HandOutput, make_batch
 
+from lumina.model import LuminaOutput
 from lumina.objective import LuminaObjective, ObjectiveConfig
 
 M = -100
@@ -23,7 +24,7 @@ def nll(logits: list[float], target: int) -> float:
     return math.log(sum(math.exp(z) for z in logits)) - logits[target]
 
 
-def output(requires_grad: bool = True) -> HandOutput:
+def output(requires_grad: bool = True) -> LuminaOutput:
     return HandOutput(text_logits=torch.tensor(TEXT_LOGITS, requires_grad=requires_grad),
                       text_rows=torch.tensor([1, 3]),
                       image_logits=torch.tensor(IMAGE_LOGITS, requires_grad=requires_grad),

@@ -11,7 +11,6 @@ from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig, fi
 
 @pytest.fixture(scope="module")
 def model():
-    torch.set_num_threads(1)
     return build_model()
 
 

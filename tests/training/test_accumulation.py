@@ -34,9 +34,8 @@ class Capture(L.Callback):
 
 
 def test_two_micro_batches_give_the_gradient_of_their_mean_loss(tmp_path):
-    cfg = compose_train(["experiment=debug", *quiet(tmp_path), *small_data(), "logger=none",
-                         "trainer.max_steps=1", "trainer.accumulate_grad_batches=2", "trainer.limit_val_batches=0",
-                         "callbacks.checkpoint=null", "callbacks.hf_export=null", "callbacks.expert_usage=null"])
+    cfg = compose_train(["experiment=debug", *quiet(tmp_path), *small_data(), "trainer.max_steps=1",
+                         "trainer.accumulate_grad_batches=2", "trainer.limit_val_batches=0"])
     module = build.module(cfg)
     capture = Capture()
     trainer = build.trainer(cfg, [capture], [])

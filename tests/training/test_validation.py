@@ -10,8 +10,7 @@ from lumina.training import build
 
 
 def test_validation_loss_is_reproducible_and_configure_model_is_idempotent(tmp_path):
-    cfg = compose_train(["experiment=debug", *quiet(tmp_path), *small_data(), "logger=none",
-                         "trainer.limit_val_batches=2", "callbacks.checkpoint=null", "callbacks.hf_export=null"])
+    cfg = compose_train(["experiment=debug", *quiet(tmp_path), *small_data(), "trainer.limit_val_batches=2"])
     module = build.module(cfg)
     datamodule = build.datamodule(cfg, module.model_config)
     trainer = build.trainer(cfg, [], [])
