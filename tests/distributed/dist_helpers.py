@@ -116,3 +116,10 @@ def run_scenario(scenario: str, out: Path, expect_ok: bool, world: int = 2) -> C
     load.out = out  # type: ignore[attr-defined]
     load.processes = results  # type: ignore[attr-defined]
     return load
+
+
+def assert_close_by_name(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float = 1e-4,
+                         atol: float = 1e-6) -> None:
+    """Every tensor of `want` matches the one of the same name in `got`; a failure names the tensor."""
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")

@@ -68,7 +68,8 @@ def objective() -> LuminaObjective:
 
 
 def my_pack():
-    return make_pack(FEW if RANK == 0 else MANY, seed=10 + RANK)
+    """Even ranks train FEW, odd ranks MANY (rank 0 / 1 of a 2-rank run)."""
+    return make_pack(FEW if RANK % 2 == 0 else MANY, seed=10 + RANK % 2)
 
 
 # ---------------------------------------------------------------- direct API checks
@@ -119,12 +120,18 @@ def mixed_precision() -> None:
     save("mixed_precision", {"grads": full_grads(model), "dtypes": dtypes})
 
 
-def hf_load(hf_dir: str) -> None:
-    """Meta-initialised model, sharded at EP=2 / FSDP=2, then the split HF checkpoint read into the shards."""
+def loaded_from_hf(hf_dir: str) -> LuminaModel:
+    """Meta-initialised model, sharded over this world at EP=2, then the split HF checkpoint read into the shards."""
     with torch.device("meta"):
         model = LuminaModel(tiny_config())
     sharded(model)
     load_hf_sharded(model, hf_dir)
+    return model
+
+
+def hf_load(hf_dir: str) -> None:
+    """The split HF checkpoint read into the shards at EP=2 / FSDP=2, then exported again."""
+    model = loaded_from_hf(hf_dir)
     local_expert_rows = model.moe_layers()[0].experts.gate_proj.to_local().shape[0]
     save("hf_load", {"weights": full_state_dict(model, all_ranks=True), "local_expert_rows": local_expert_rows})
     export_hf(model, OUT / "hf_export")
@@ -133,12 +140,9 @@ def hf_load(hf_dir: str) -> None:
 def four_ranks(hf_dir: str) -> None:
     """4 ranks, EP=2 x expert-FSDP=2 (expert tensors Shard(0) on ep and FSDP2's _StridedShard on expert_fsdp):
     the split HF checkpoint read into a meta-initialised model, then one backward on this rank's pack."""
-    with torch.device("meta"):
-        model = LuminaModel(tiny_config())
-    sharded(model)
-    load_hf_sharded(model, hf_dir)
+    model = loaded_from_hf(hf_dir)
     weights = full_state_dict(model, all_ranks=True)
-    batch = make_pack(FEW if RANK % 2 == 0 else MANY, seed=10 + RANK % 2)
+    batch = my_pack()
     objective()(model(batch), batch).loss.backward()
     gate = model.moe_layers()[0].experts.gate_proj
     save("four", {"weights": weights, "grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
