@@ -62,6 +62,10 @@ def test_top1_weight_is_the_score_times_the_scaling_factor_without_normalisation
     assert got.topk_ids.tolist() == [[5], [5], [5]]
     want = torch.tensor([[0.5], [1 / (1 + math.exp(-2.0))], [1 / (1 + math.exp(1.0))]]) * 2.5
     torch.testing.assert_close(got.topk_weights, want)
+    cfg = LuminaConfig.tiny(**{**ROUTER_CFG, "num_experts_per_tok": 1, "routed_scaling_factor": 2.5})
+    _, ref_ids, ref_weights = reference_route(x, router.weight, router.expert_bias, cfg)  # its k = 1 branch
+    assert torch.equal(ref_ids, got.topk_ids)
+    torch.testing.assert_close(ref_weights, want)
 
 
 def test_group_score_is_the_sum_of_the_two_best_biased_scores() -> None:
