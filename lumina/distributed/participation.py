@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from lumina.model.linear_ce import HeadLoss
+
 
 class ParticipationError(RuntimeError):
     """Ranks disagree on which conditional modules take part in backward."""
@@ -98,5 +100,7 @@ def detach_empty_outputs(modules: dict[str, nn.Module]) -> list[RemovableHandle]
     def hook(module: nn.Module, args: object, output: object) -> object:
         if isinstance(output, torch.Tensor) and output.numel() == 0:
             return output.detach()
+        if isinstance(output, HeadLoss) and output.per_row.numel() == 0:  # a head's fused loss on no rows
+            return HeadLoss(*(t.detach() for t in output))
         return None
     return [module.register_forward_hook(hook) for module in modules.values()]

@@ -30,7 +30,8 @@ HARD_CODED_KEYS = (
     "image_vocab_size", "codebook_size", "channel_depth", "channel_heads", "channel_mlp_ratio",
 )
 # lumina-only runtime choices; never written to config.json.
-TRAINING_KEYS = ("attn_backend", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite")
+TRAINING_KEYS = ("attn_backend", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
+                 "loss_chunk_rows")
 
 DEFAULT_AUTO_MAP = {
     "AutoConfig": "configuration_internluminau2.LLaDA2MoeConfig",
@@ -102,6 +103,7 @@ class LuminaConfig:
     moe_backend: str = "grouped_mm"
     gradient_checkpointing: bool = False
     check_finite: bool = False
+    loss_chunk_rows: int = 0  # rows per chunk of the fused head losses; 0 = rows whose fp32 logits fit 256 MiB
     # keys of a config.json lumina does not know; kept and written back by to_hf
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -172,6 +174,9 @@ class LuminaConfig:
             bad("num_shared_experts", "must be None or >= 0")
         if self.attn_backend not in ATTN_BACKENDS:
             bad("attn_backend", f"must be one of {ATTN_BACKENDS}")
+        if isinstance(self.loss_chunk_rows, bool) or not isinstance(self.loss_chunk_rows, int) \
+                or self.loss_chunk_rows < 0:
+            bad("loss_chunk_rows", "must be an integer >= 0 (0 = auto)")
         if self.moe_backend not in MOE_BACKENDS:
             bad("moe_backend", f"must be one of {MOE_BACKENDS}")
         if self.model_type not in ("llada2_moe", "llada2_moe_veomni"):

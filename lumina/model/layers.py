@@ -7,6 +7,12 @@ import torch
 from torch import nn
 
 
+def check_finite(enabled: bool, stage: str, *tensors: torch.Tensor) -> None:
+    """Raise FloatingPointError naming `stage` if any tensor holds inf/nan (one host sync; off by default)."""
+    if enabled and not all(bool(torch.isfinite(t).all()) for t in tensors):
+        raise FloatingPointError(f"non-finite values after {stage}")
+
+
 class Linear(nn.Linear):
     """`nn.Linear` whose `reset_parameters` draws N(0, std) weights and zero biases."""
 

@@ -11,18 +11,13 @@ from lumina.data.batch import PackedBatch
 from lumina.model.backbone import Backbone
 from lumina.model.channel_head import MultiCodebookHead, SampleFn
 from lumina.model.config import LuminaConfig
-from lumina.model.layers import Linear
+from lumina.model.heads import Head, LuminaHeads
+from lumina.model.layers import check_finite
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
 
 TEXT_ANSWER, IMAGE_ANSWER = 3, 4
 IGNORE = -100
-
-
-def check_finite(enabled: bool, stage: str, *tensors: torch.Tensor) -> None:
-    """Raise FloatingPointError naming `stage` if any tensor holds inf/nan (one host sync; off by default)."""
-    if enabled and not all(bool(torch.isfinite(t).all()) for t in tensors):
-        raise FloatingPointError(f"non-finite values after {stage}")
 
 
 class LuminaModel(nn.Module):
@@ -32,9 +27,11 @@ class LuminaModel(nn.Module):
         self.config = config
         std = config.initializer_range
         self.model = Backbone(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, std=std)
+        chunk, check = config.loss_chunk_rows, config.check_finite
+        self.lm_head = Head(config.hidden_size, config.vocab_size, std, chunk, check, "text logits")
         self.lm_img_head = nn.ModuleList(
-            Linear(config.hidden_size, config.codebook_size, std=std) for _ in range(config.num_codebooks))
+            Head(config.hidden_size, config.codebook_size, std, chunk, check, "image logits")
+            for _ in range(config.num_codebooks))
         self.multi_codebook_head = MultiCodebookHead(config)
 
     # ---- construction helpers ----
@@ -93,7 +90,10 @@ class LuminaModel(nn.Module):
 
     def codebook_logits(self, states: torch.Tensor) -> torch.Tensor:
         """Channel-head states [N, C, D] -> [N, C, K]: position j through lm_img_head[j]."""
-        return torch.stack([head(states[:, j]) for j, head in enumerate(self.lm_img_head)], dim=1)
+        return self.heads().image_logits(states)
+
+    def heads(self) -> LuminaHeads:
+        return LuminaHeads(self.lm_head, self.lm_img_head)
 
     def sample_image_codes(self, h_rows: torch.Tensor, sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
         """Codebook-by-codebook sampling at h_rows [N, H] -> (codes [N, C], probabilities [N, C]); see
@@ -155,18 +155,14 @@ class LuminaModel(nn.Module):
         check_finite(check, "backbone", hidden)
 
         flat = hidden.reshape(-1, hidden.shape[-1])
-        text_logits = self.lm_head(flat[text_rows])
-        check_finite(check, "text logits", text_logits)
         forced_rows = image_rows if batch.labels is not None else image_rows[:0]
         states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1])
         check_finite(check, "channel head", states)
-        image_logits = self.codebook_logits(states)
-        check_finite(check, "image logits", image_logits)
 
         batch_size, seq = hidden.shape[:2]
         return LuminaOutput(
-            hidden=hidden, text_logits=text_logits, text_rows=text_rows,
-            image_logits=image_logits, image_rows=image_rows,
+            hidden=hidden, text_states=flat[text_rows], text_rows=text_rows,
+            image_states=states, image_rows=image_rows, heads=self.heads(),
             router_logits=[r.logits.view(batch_size, seq, -1) for r in routings],
             router_topk_ids=[r.topk_ids.view(batch_size, seq, -1) for r in routings],
             router_topk_weights=[r.topk_weights.view(batch_size, seq, -1) for r in routings],

@@ -19,24 +19,27 @@ import torch.distributed as dist
 from torch import nn
 
 from lumina.data.batch import PackedBatch
+from lumina.model.heads import HeadLoss, LuminaHeads
 from lumina.objective.balance import balance_loss, expert_load
 from lumina.objective.config import ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases
 from lumina.objective.labels import TEXT_ANSWER_TYPE, gather_targets, normalize_labels, validate_supervision
 from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
-from lumina.objective.token_losses import image_ce, text_ce
 
 
 class ModelOutput(Protocol):
     """The fields of `lumina.model.LuminaOutput` the objective reads."""
 
-    text_logits: torch.Tensor  # [Nt, V]
     text_rows: torch.Tensor  # [Nt] flat b*S+s
-    image_logits: torch.Tensor  # [Ni, C, K]
     image_rows: torch.Tensor  # [Ni]
+    heads: LuminaHeads  # vocab_size, codebook_size
     router_logits: list[torch.Tensor]  # per MoE layer [B, S, E]
     router_topk_ids: list[torch.Tensor]  # per MoE layer [B, S, k]
+
+    def text_loss(self, targets: torch.Tensor, row_weight: torch.Tensor) -> HeadLoss: ...
+
+    def image_loss(self, targets: torch.Tensor, row_weight: torch.Tensor) -> HeadLoss: ...
 
 
 class LuminaObjective(nn.Module):
@@ -70,26 +73,31 @@ class LuminaObjective(nn.Module):
         if cfg.validate:
             validate_supervision(
                 labels, batch.type_ids, batch.token_valid, output.text_rows, output.image_rows,
-                vocab_size=output.text_logits.shape[-1], codebook_size=output.image_logits.shape[-1],
+                vocab_size=output.heads.vocab_size, codebook_size=output.heads.codebook_size,
                 noise_t=batch.noise_t if inverse_t else None, answer_mask=batch.answer_mask if inverse_t else None)
         targets = gather_targets(labels, output.text_rows, output.image_rows)
+        text_rows = output.text_rows.long()
+        device = targets.text.device
 
-        text_tok = text_ce(output.text_logits, targets.text)  # [Nt]
         if inverse_t:
-            text_tok = text_tok / batch.noise_t.reshape(-1)[output.text_rows.long()].float()
             num_text = (batch.answer_mask & (batch.type_ids == TEXT_ANSWER_TYPE)).sum()
         else:
-            num_text = torch.tensor(output.text_rows.numel(), device=text_tok.device)
-        image_cell = image_ce(output.image_logits, targets.image)  # [Ni, C]
-        num_image = torch.tensor(output.image_rows.numel(), device=image_cell.device)
-
+            num_text = torch.tensor(text_rows.numel(), device=device)
+        num_image = torch.tensor(output.image_rows.numel(), device=device)
         local = torch.stack([num_text.to(torch.int64), num_image.to(torch.int64)])
         num_text_global, num_image_global = dp_sum(local, self.group).unbind()
         world = dp_world_size(self.group)
-        text_scale = world / num_text_global.clamp(min=1).double()
-        image_scale = world / num_image_global.clamp(min=1).double()
-        text_loss = text_tok.sum() * text_scale.float()
-        image_loss = image_cell.mean(dim=-1).sum() * image_scale.float()
+        text_scale = (world / num_text_global.clamp(min=1).double()).float()
+        image_scale = (world / num_image_global.clamp(min=1).double()).float()
+
+        # per-row weights of the fused head losses: the 1/t weighting and the global-token normalisation
+        text_weight = text_scale.expand(text_rows.numel())
+        if inverse_t:
+            text_weight = text_weight / batch.noise_t.reshape(-1)[text_rows].float()
+        num_codebooks = targets.image.shape[1]
+        text = output.text_loss(targets.text, text_weight)  # sum(w(t) CE) / N_txt * world
+        image = output.image_loss(targets.image, (image_scale / num_codebooks).expand(targets.image.shape[0]))
+        text_loss, image_loss = text.total, image.total
 
         load = expert_load(output.router_topk_ids, batch.token_valid, _num_experts(output))
         if cfg.balance.aux_coef > 0:
@@ -101,16 +109,13 @@ class LuminaObjective(nn.Module):
             self.bias_updater.accumulate(load)
 
         loss = cfg.text_weight * text_loss + cfg.image_weight * image_loss + aux
-        with torch.no_grad():
-            per_codebook = image_cell.sum(dim=0) * image_scale.float()
-            text_preds = output.text_logits.argmax(dim=-1)
-            image_preds = output.image_logits.argmax(dim=-1)
+        per_codebook = image.per_row.sum(dim=0) * image_scale
         return ObjectiveResult(
             loss=loss, text_loss=text_loss.detach(), image_loss=image_loss.detach(),
             image_loss_per_codebook=per_codebook, balance_loss=aux.detach(),
             num_text_local=local[0], num_text_global=num_text_global,
             num_image_local=local[1], num_image_global=num_image_global,
-            text_preds=text_preds, text_targets=targets.text, image_preds=image_preds, image_targets=targets.image,
+            text_preds=text.preds, text_targets=targets.text, image_preds=image.preds, image_targets=targets.image,
             expert_load=load)
 
     @torch.no_grad()

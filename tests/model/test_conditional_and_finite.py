@@ -9,6 +9,7 @@ from model_helpers import make_batch
 from torch import nn
 
 from lumina.model import LuminaConfig, LuminaModel
+from lumina.objective import LuminaObjective
 
 
 def _calls(model: LuminaModel) -> dict[str, int]:
@@ -31,18 +32,18 @@ def test_conditional_modules_run_once_and_get_zero_grads_when_unused(types: list
     torch.manual_seed(0)
     model = LuminaModel(LuminaConfig.tiny())
     calls = _calls(model)
-    out = model(make_batch(types))
+    batch = make_batch(types)
+    out = model(batch)
+    LuminaObjective()(out, batch).loss.backward()  # the training path: the heads run inside the objective
     assert set(calls.values()) == {1}, calls
-    loss = out.text_logits.float().logsumexp(-1).sum() + out.image_logits.float().logsumexp(-1).sum()
-    loss.backward()
     for name, module in model.conditional_modules().items():
         for pname, p in module.named_parameters():
             assert p.grad is not None, f"{name}.{pname} left the graph"
     heads = model.conditional_modules()
     if 3 not in types:
-        assert out.text_logits.shape[0] == 0 and torch.count_nonzero(heads["lm_head"].weight.grad) == 0
+        assert out.text_states.shape[0] == 0 and torch.count_nonzero(heads["lm_head"].weight.grad) == 0
     if 4 not in types:
-        assert out.image_logits.shape[0] == 0
+        assert out.image_states.shape[0] == 0
         for p in [*heads["multi_codebook_head"].parameters(), *heads["lm_img_head"].parameters()]:
             assert torch.count_nonzero(p.grad) == 0
     if not {2, 4} & set(types):
@@ -62,11 +63,14 @@ def test_finite_checks_name_the_stage(target: str, stage: str) -> None:
     torch.manual_seed(0)
     model = LuminaModel(LuminaConfig.tiny(check_finite=True))
     batch = make_batch([1, 2, 3, 3, 4, 4])
-    model(batch)  # finite: no raise
+    LuminaObjective()(model(batch), batch)  # finite: no raise
     with torch.no_grad():
         dict(model.named_parameters())[target].fill_(float("inf"))
-    with pytest.raises(FloatingPointError, match=stage):
-        model(batch)
+    with pytest.raises(FloatingPointError, match=stage):  # the heads' check runs in the objective's head losses
+        LuminaObjective()(model(batch), batch)
+    if stage.endswith("logits"):  # and when logits are asked for
+        with pytest.raises(FloatingPointError, match=stage):
+            getattr(model(batch), stage.replace(" ", "_"))
 
 
 def test_finite_checks_off_by_default() -> None:
