@@ -17,7 +17,8 @@ class ParallelConfig:
                 the ep ranks and further FSDP-sharded over the remaining shard // ep ("expert fsdp") ranks.
     param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = keep fp32 compute). When set,
                 the trainer must run "32-true" precision (no Lightning autocast on top).
-    activation_checkpointing: recompute each decoder layer in backward, with the router's top-k replayed.
+    activation_checkpointing: the model's gradient_checkpointing policy `none` becomes `full` (each decoder
+                layer recomputed in backward, the router's top-k replayed); `selective` / `full` stay.
     participation_check: before backward, ranks compare which conditional modules joined the graph and
                 raise naming the modules and ranks on a mismatch.
     conditional_rule: the once-per-micro-batch rule (every conditional module joins every rank's graph);

@@ -3,9 +3,10 @@ expert-parallel dispatcher, FSDP2 units, mesh-aware gradient clipping and hang p
 
 Flow: `setup_environment` starts the process group (with `timeout_s`) and builds both meshes; the
 LightningModule's `configure_model` builds the model (on meta when `materialises_model`); `setup` then
-checks the plan, shards unit by unit (materialising meta units as it goes), loads `init_from` straight into
-the shards, installs the participation check / routing replay, and hands over to Lightning (optimizers,
-DCP checkpointing). Every rank is a data-parallel rank (the DataModule deals packs over the whole world).
+checks the plan, turns activation checkpointing on (the backbone replays the routers' top-k itself), shards
+unit by unit (materialising meta units as it goes), loads `init_from` straight into the shards, installs the
+participation check, and hands over to Lightning (optimizers, DCP checkpointing). Every rank is a
+data-parallel rank (the DataModule deals packs over the whole world).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from lumina.distributed.mesh import Meshes, build_meshes
 from lumina.distributed.parallelize import Parallelized, parallelize
 from lumina.distributed.participation import ParticipationTracker, detach_empty_outputs, tracked_modules
 from lumina.distributed.plan import PlanRule, parse_plan
-from lumina.distributed.recompute import RoutingReplay
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         self.meshes: Meshes | None = None
         self.parallelized: Parallelized | None = None
         self.participation: ParticipationTracker | None = None
-        self.replay: RoutingReplay | None = None
         self.loaded_init_from: str | None = None  # set when `setup` read an HF checkpoint into the shards
         self.materialises_model = True  # LightningModules may build on meta and leave init to `setup`
         environment = cluster_environment()
@@ -113,9 +112,8 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         conditional = tracked_modules(model.conditional_modules())
         if not cfg.conditional_rule:
             detach_empty_outputs(conditional)  # before FSDP's hooks: the seed's behaviour, for tests
-        if cfg.activation_checkpointing:
-            model.model.gradient_checkpointing = True
-            self.replay = RoutingReplay(model)
+        if cfg.activation_checkpointing and model.model.gradient_checkpointing == "none":
+            model.model.gradient_checkpointing = "full"  # the backbone replays the routers' top-k itself
         self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
         if on_meta and init_from is not None:
             load_hf_sharded(model, init_from)

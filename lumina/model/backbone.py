@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from lumina.model.config import LuminaConfig
+from lumina.attention import resolve_backend
+from lumina.model.checkpointing import Checkpointer
+from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.decoder import DecoderLayer
 from lumina.model.layers import Embedding, Linear, RMSNorm
 from lumina.model.rotary import RotaryEmbedding
-from lumina.model.router import Routing
+from lumina.model.router import Router, Routing
 
 IMAGE_TYPES = (2, 4)  # rows whose C columns are image codes (media prompt, image answer)
 
+log = logging.getLogger(__name__)
+
 
 class Backbone(nn.Module):
+    """`attn_backend`: the attention backend this model runs (config.attn_backend, "auto" resolved once here)."""
+
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()
         self.config = config
+        self.attn_backend = resolve_backend(config.attn_backend)
+        log.info("attention backend: %s (attn_backend=%s)", self.attn_backend, config.attn_backend)
         std = config.initializer_range
         h = config.hidden_size
         self.word_embeddings = Embedding(config.vocab_size, h, padding_idx=config.pad_token_id, std=std)
@@ -29,6 +38,16 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dims, config.rope_theta)
         self.gradient_checkpointing = config.gradient_checkpointing
+        self.checkpointer = Checkpointer(m for m in self.layers.modules() if isinstance(m, Router))
+
+    @property
+    def gradient_checkpointing(self) -> str:
+        """The policy `decode` applies (see LuminaConfig); settable, e.g. by a strategy (legacy bools too)."""
+        return self._checkpoint_policy
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, value: str | bool) -> None:
+        self._checkpoint_policy = checkpoint_policy(value, "Backbone.gradient_checkpointing")
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """codes int64 [N, C] -> per-codebook embeddings [N, C, H] (one call of each `img_embeddings[c]`)."""
@@ -77,14 +96,21 @@ class Backbone(nn.Module):
         h = embeds
         routings = []
         for layer in self.layers:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                h, routing = checkpoint(layer, h, cos, sin, spec, use_reentrant=False)
-            else:
-                h, routing = layer(h, cos, sin, spec)
+            h, routing = self._run_layer(layer, h, cos, sin, spec)
             if routing is not None:
                 layer.mlp.record_load(routing.topk_ids)  # outside the checkpoint: counted once per step
                 routings.append(routing)
         return self.norm(h), routings
+
+    def _run_layer(self, layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   spec: object) -> tuple[torch.Tensor, Routing | None]:
+        """h [B, S, H] -> one layer's (h [B, S, H], routing), checkpointed per policy while autograd records."""
+        policy = self.gradient_checkpointing if torch.is_grad_enabled() else "none"
+        if policy == "full":
+            return self.checkpointer(layer, h, cos, sin, spec)
+        if policy == "selective":
+            return layer(h, cos, sin, spec, run_ffn=self.checkpointer)
+        return layer(h, cos, sin, spec)
 
 
 def _check_range(name_a: str, a: torch.Tensor, limit_a: int, name_b: str, b: torch.Tensor, limit_b: int) -> None:

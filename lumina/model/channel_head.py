@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lumina.model.config import LuminaConfig
 from lumina.model.layers import Linear, layer_norm
@@ -135,12 +136,22 @@ class MultiCodebookHead(nn.Module):
             x = block(x, ada, mask)
         return self.channel_final(self.channel_norm(x), ada)
 
-    def forward(self, h: torch.Tensor, code_embeds: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, code_embeds: torch.Tensor, checkpoint_rows: int = 0) -> torch.Tensor:
         """Teacher forcing. h [N, H] backbone states; code_embeds [N, C - 1, H] = img_embeddings[c](code c) for
-        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j]."""
+        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j].
+
+        checkpoint_rows > 0 (while autograd records): the blocks run `checkpoint_rows` rows at a time under
+        non-reentrant activation checkpointing, so only their inputs are kept and the backward recomputes one
+        chunk at a time (rows are independent; the head's activations are about C * depth * 20 * D floats
+        per row)."""
         if code_embeds.shape[1] != self.num_codebooks - 1:
             raise ValueError(f"code_embeds has {code_embeds.shape[1]} codebooks, expected {self.num_codebooks - 1}")
-        return self.run(self.condition_proj(h), code_embeds)
+        cond = self.condition_proj(h)
+        num_rows = cond.shape[0]
+        if checkpoint_rows <= 0 or num_rows == 0 or not torch.is_grad_enabled():
+            return self.run(cond, code_embeds)
+        return torch.cat([checkpoint(self.run, cond[i:i + checkpoint_rows], code_embeds[i:i + checkpoint_rows],
+                                     use_reentrant=False) for i in range(0, num_rows, checkpoint_rows)])
 
     @torch.no_grad()
     def sample(self, h: torch.Tensor, sample_fn: SampleFn, img_embeddings: nn.ModuleList,

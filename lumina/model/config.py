@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ATTN_BACKENDS = ("sdpa_dense", "segmented", "flex", "flash_varlen")
+ATTN_BACKENDS = ("auto", "sdpa_dense", "segmented", "flex", "flash_varlen")  # auto: resolved at model build
 MOE_BACKENDS = ("grouped_mm", "loop")
+# Activation checkpointing of the backbone (see `LuminaConfig.gradient_checkpointing`).
+CHECKPOINT_POLICIES = ("none", "full", "selective")
 
 # Fields of the official config.json, in the file's own order; `to_hf` writes exactly these (+ unknown keys).
 OFFICIAL_KEYS = (
@@ -40,8 +42,29 @@ DEFAULT_AUTO_MAP = {
 }
 
 
+def checkpoint_policy(value: object, name: str = "LuminaConfig.gradient_checkpointing") -> str:
+    """A checkpointing policy from its name or a legacy bool (True -> "full", False -> "none"); anything else
+    raises ValueError naming `name` and the value."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if isinstance(value, str) and value in CHECKPOINT_POLICIES:
+        return value
+    raise ValueError(f"{name}={value!r}: must be one of {CHECKPOINT_POLICIES} (or a legacy bool)")
+
+
 @dataclass
 class LuminaConfig:
+    """gradient_checkpointing: what the backbone recomputes in backward (only while autograd records):
+      none       nothing; every activation is kept.
+      full       each decoder layer; only its input [B, S, H] is kept.
+      selective  each layer's FFN sub-block (post-attention RMSNorm -> router -> dispatch -> experts ->
+                 combine, + shared expert; the dense SwiGLU of the first layers); the attention block's
+                 activations are kept. The MoE's k dispatched copies per token dominate the stored bytes and
+                 cost only GEMMs to redo, while the attention core is the O(S^2) part of a recompute.
+    Both full and selective also checkpoint the channel head, 128 image rows at a time: at about
+    C * channel_depth * 20 * H floats per supervised image row it holds the most activations per row.
+    Every router's top-k is replayed on recompute, so each policy gives the gradients of `none` exactly."""
+
     # --- official config.json (defaults = the released 16B-A1B file) ---
     architectures: list[str] = field(default_factory=lambda: ["LLaDA2MoeModelLM"])
     attention_dropout: float = 0.0
@@ -98,10 +121,10 @@ class LuminaConfig:
     channel_heads: int = 8
     channel_mlp_ratio: int = 4
     # --- lumina training knobs ---
-    attn_backend: str = "sdpa_dense"
+    attn_backend: str = "auto"
     attn_strict: bool = False
     moe_backend: str = "grouped_mm"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: str = "none"  # none | full | selective (legacy bools: True = full, False = none)
     check_finite: bool = False
     loss_chunk_rows: int = 0  # rows per chunk of the fused head losses; 0 = rows whose fp32 logits fit 256 MiB
     # keys of a config.json lumina does not know; kept and written back by to_hf
@@ -177,6 +200,7 @@ class LuminaConfig:
         if isinstance(self.loss_chunk_rows, bool) or not isinstance(self.loss_chunk_rows, int) \
                 or self.loss_chunk_rows < 0:
             bad("loss_chunk_rows", "must be an integer >= 0 (0 = auto)")
+        self.gradient_checkpointing = checkpoint_policy(self.gradient_checkpointing)
         if self.moe_backend not in MOE_BACKENDS:
             bad("moe_backend", f"must be one of {MOE_BACKENDS}")
         if self.model_type not in ("llada2_moe", "llada2_moe_veomni"):

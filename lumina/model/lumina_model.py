@@ -18,6 +18,7 @@ from lumina.model.output import LuminaOutput
 
 TEXT_ANSWER, IMAGE_ANSWER = 3, 4
 IGNORE = -100
+CHANNEL_CHECKPOINT_ROWS = 128  # image rows per checkpointed chunk of the channel head (policies full, selective)
 
 
 class LuminaModel(nn.Module):
@@ -76,7 +77,7 @@ class LuminaModel(nn.Module):
     # ---- public parts for samplers ----
     def backbone(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states [B, S, H]."""
-        spec = build_spec(batch, backend=self.config.attn_backend, strict=self.config.attn_strict)
+        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict)
         embeds, _ = self.model.embed(batch.input_ids, batch.type_ids)
         return self.model.decode(embeds, batch.position_ids, spec)[0]
 
@@ -147,7 +148,7 @@ class LuminaModel(nn.Module):
     def forward(self, batch: PackedBatch) -> LuminaOutput:
         cfg = self.config
         check = cfg.check_finite
-        spec = build_spec(batch, backend=cfg.attn_backend, strict=cfg.attn_strict)
+        spec = build_spec(batch, backend=self.model.attn_backend, strict=cfg.attn_strict)
         text_rows, image_rows, codes = self.select_rows(batch)
         embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
         check_finite(check, "embeddings", embeds, code_embeds)
@@ -156,7 +157,8 @@ class LuminaModel(nn.Module):
 
         flat = hidden.reshape(-1, hidden.shape[-1])
         forced_rows = image_rows if batch.labels is not None else image_rows[:0]
-        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1])
+        checkpoint_rows = CHANNEL_CHECKPOINT_ROWS if self.model.gradient_checkpointing != "none" else 0
+        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1], checkpoint_rows)
         check_finite(check, "channel head", states)
 
         batch_size, seq = hidden.shape[:2]

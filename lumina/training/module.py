@@ -3,7 +3,7 @@
 Per micro-batch: forward -> objective -> backward (Lightning). Per optimizer step: gradient clipping
 (Trainer), AdamW + warmup/cosine, the expert-bias update, and one set of logged scalars aggregated over the
 step's micro-batches and the data-parallel ranks (losses, supervised tokens, tokens/s, lr, grad norm,
-text / per-codebook accuracy).
+text / per-codebook accuracy, peak memory: the max over ranks).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
 from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
 from lumina.training.freeze import freeze_parameters
+from lumina.training.memory import peak_memory_gib
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.model_factory import build_model
 from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
@@ -182,12 +183,18 @@ class LuminaModule(L.LightningModule):
         scalars.update({f"train/image_loss/cb{c}": v for c, v in enumerate(means[4:].tolist())})
         if self._grad_norm is not None:
             scalars["train/grad_norm"] = self._grad_norm.item()
+        scalars["train/peak_mem_gib"] = self._peak_mem_gib()
         for name, value in self.train_acc.compute().items():  # only accuracies with tokens in this step
             if sums["text_tokens" if name == "text_acc" else "image_tokens"] > 0:
                 scalars[f"train/{name}"] = value.item()
         self.train_acc.reset()
         self.log_dict(scalars, on_step=True, on_epoch=False, batch_size=1)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, batch_size=1)
+
+    def _peak_mem_gib(self) -> float:
+        """This process's peak memory on its device (GiB; CUDA allocator peak, else peak RSS), max over ranks."""
+        peak = torch.tensor(peak_memory_gib(self.device), dtype=torch.float64, device=self.device)
+        return self.trainer.strategy.reduce(peak, reduce_op="max").item()
 
     # ---- optimisation ----
     def configure_optimizers(self) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from lumina.distributed import (
     FSDP2ExpertParallelStrategy,
     ParallelConfig,
     ParticipationTracker,
-    RoutingReplay,
     build_meshes,
     clip_grad_norm,
     export_hf,
@@ -100,15 +99,15 @@ def parity_layout(name: str, **flags) -> None:
                 "local_expert_rows": model.moe_layers()[0].experts.gate_proj.grad.to_local().shape[0]})
 
 
-def checkpointing() -> None:
-    """Activation checkpointing with routing replay: same expert load and gradients as without."""
-    model = fresh_model(gradient_checkpointing=True)
-    replay = RoutingReplay(model)
-    sharded(model)
+def checkpointing(policy: str) -> None:
+    """Activation checkpointing (`policy`) with the backbone's routing replay: same expert load and gradients
+    as without."""
+    model = sharded(fresh_model(gradient_checkpointing=policy))
     model.track_expert_load(True)
     batch = my_pack()
     objective()(model(batch), batch).loss.backward()
-    save("checkpointing", {"grads": full_grads(model), "load": model.expert_load(), "replayed": replay.replayed})
+    save(f"checkpointing_{policy}", {"grads": full_grads(model), "load": model.expert_load(),
+                                     "replayed": model.model.checkpointer.replayed})
 
 
 def mixed_precision() -> None:
@@ -330,7 +329,8 @@ def main() -> None:
     parity()
     parity_layout("parity_ep1", ep=1)
     parity_layout("parity_hsdp", ep=1, replicate=2)
-    checkpointing()
+    checkpointing("full")
+    checkpointing("selective")
     mixed_precision()
     hf_load(str(OUT / "hf_in"))
     if scenario == "core":

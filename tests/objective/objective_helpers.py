@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-
-from lumina.data.batch import PackedBatch
 from torch import nn
 
+from lumina.data.batch import PackedBatch
 from lumina.model import LuminaOutput
 from lumina.model.heads import Head, LuminaHeads
 

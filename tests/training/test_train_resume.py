@@ -10,6 +10,8 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import run_cli, small_data
 
+from lumina.attention import resolve_backend
+
 COMMON = ["experiment=debug", "trainer.accumulate_grad_batches=2", "trainer.limit_val_batches=0",
           "callbacks.checkpoint.every_n_train_steps=2", "callbacks.progress_bar=null",
           "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "logger=csv",
@@ -37,6 +39,8 @@ def test_two_plus_two_steps_in_two_processes_equal_four_steps(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     a = run_cli([*COMMON, f"hydra.run.dir={straight}", "trainer.max_steps=4"], cwd=tmp_path)
     assert a.returncode == 0, a.stderr[-3000:]
+    # the run log names the attention backend that the default attn_backend=auto chose
+    assert f"attention backend: {resolve_backend('auto')} (attn_backend=auto)" in (straight / "train.log").read_text()
     b1 = run_cli([*COMMON, f"hydra.run.dir={resumed}", "trainer.max_steps=2"], cwd=tmp_path)
     assert b1.returncode == 0, b1.stderr[-3000:]
     assert (resumed / "checkpoints" / "last.ckpt").is_file()

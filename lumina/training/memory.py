@@ -1,0 +1,22 @@
+"""`peak_memory_gib`: the peak memory of this process on its device, in GiB (logged as train/peak_mem_gib)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+
+
+def peak_rss_gib() -> float:
+    """Peak resident set size of this process since it started (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: the caching allocator's peak allocated bytes on `device` since the process started (or the
+    last `torch.cuda.reset_peak_memory_stats`); any other device: the process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return peak_rss_gib()

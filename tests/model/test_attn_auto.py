@@ -1,0 +1,70 @@
+"""`attn_backend: auto` (the default): resolved once when the model is built, logged, and kept in the config."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from model_helpers import MIXED_TYPES, make_batch
+
+from lumina.attention import BACKENDS, backend_calls, reset_backend_calls, resolve_backend
+from lumina.attention.backends import flash_varlen
+from lumina.model import LuminaConfig, LuminaModel
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="auto means segmented only without CUDA")
+
+
+def test_explicit_names_are_returned_unchanged() -> None:
+    assert [resolve_backend(name) for name in BACKENDS] == list(BACKENDS)
+
+
+@no_cuda
+def test_auto_is_segmented_without_cuda() -> None:
+    assert resolve_backend("auto") == "segmented"
+
+
+def test_auto_on_cuda_prefers_flash_attn_then_flex(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(flash_varlen, "flash_attn_varlen_func", None)  # flash-attn did not import
+    assert resolve_backend("auto") == "flex"
+    monkeypatch.setattr(flash_varlen, "flash_attn_varlen_func", object())  # it did
+    assert resolve_backend("auto") == "flash_varlen"
+
+
+def test_unknown_names_raise_naming_the_value() -> None:
+    with pytest.raises(ValueError, match="attn_backend='xformers' is not one of"):
+        resolve_backend("xformers")
+    with pytest.raises(ValueError, match="LuminaConfig.attn_backend='Auto'"):
+        LuminaConfig.tiny(attn_backend="Auto")
+
+
+@no_cuda
+def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model() -> None:
+    torch.manual_seed(0)
+    auto = LuminaModel(LuminaConfig.tiny())
+    explicit = LuminaModel(LuminaConfig.tiny(attn_backend="segmented"))
+    explicit.load_state_dict(auto.state_dict())
+    assert auto.config.attn_backend == "auto"  # the config keeps "auto" (it round-trips) ...
+    assert auto.model.attn_backend == "segmented"  # ... the model holds what it resolved to
+    batch = make_batch(MIXED_TYPES, seed=3)
+
+    reset_backend_calls()
+    with torch.no_grad():
+        out = auto(batch)
+    assert backend_calls() == {"segmented": auto.config.num_hidden_layers}
+    with torch.no_grad():
+        ref = explicit(batch)
+    for name in ("hidden", "text_logits", "image_logits"):
+        assert torch.equal(getattr(out, name), getattr(ref, name)), name
+
+
+@no_cuda
+def test_the_chosen_backend_is_logged_once_per_build(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="lumina"):
+        LuminaModel(LuminaConfig.tiny())
+        LuminaModel(LuminaConfig.tiny(attn_backend="sdpa_dense"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention backend:")]
+    assert lines == ["attention backend: segmented (attn_backend=auto)",
+                     "attention backend: sdpa_dense (attn_backend=sdpa_dense)"]
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in lines)

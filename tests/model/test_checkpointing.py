@@ -1,0 +1,159 @@
+"""Activation checkpointing policies (`LuminaConfig.gradient_checkpointing`): the loss and gradients of `none`
+bit for bit, the routers' top-k replayed on recompute, legacy bool values, and the bytes each policy saves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from model_helpers import MIXED_TYPES, make_batch
+from omegaconf import OmegaConf
+
+from lumina.data.batch import PackedBatch
+from lumina.model import LuminaConfig, LuminaModel
+from lumina.model.config import CHECKPOINT_POLICIES
+from lumina.objective import LuminaObjective
+
+CONF_MODELS = Path(__file__).resolve().parents[2] / "conf" / "model"
+RECOMPUTING = ("full", "selective")
+
+
+@dataclass
+class Step:
+    """One training step's loss, parameter gradients and expert load [L, E], and the model it ran."""
+
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    load: torch.Tensor
+    model: LuminaModel
+
+
+def tiny_model(policy: str | bool) -> LuminaModel:
+    torch.manual_seed(0)
+    return LuminaModel(LuminaConfig.tiny(gradient_checkpointing=policy))
+
+
+def train_step(policy: str, batch: PackedBatch, bias_after_forward: float = 0.0) -> Step:
+    """Forward + LuminaObjective + backward; `bias_after_forward` != 0 sets every router's expert bias to
+    that multiple of arange(E) between forward and backward (a recompute without replay would route anew)."""
+    model = tiny_model(policy)
+    model.track_expert_load()
+    loss = LuminaObjective()(model(batch), batch).loss
+    if bias_after_forward:
+        with torch.no_grad():
+            for moe in model.moe_layers():
+                moe.gate.expert_bias.copy_(bias_after_forward * torch.arange(moe.num_experts))
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return Step(loss.detach(), grads, model.expert_load(), model)
+
+
+def assert_equal_steps(got: Step, want: Step) -> None:
+    assert torch.equal(got.loss, want.loss)
+    assert got.grads.keys() == want.grads.keys()
+    for name, grad in want.grads.items():
+        assert grad is not None and got.grads[name] is not None, name
+        assert torch.equal(got.grads[name], grad), name
+
+
+@pytest.fixture(scope="module")
+def batch() -> PackedBatch:
+    return make_batch(MIXED_TYPES)
+
+
+@pytest.fixture(scope="module")
+def reference(batch: PackedBatch) -> Step:
+    return train_step("none", batch)
+
+
+@pytest.mark.parametrize("policy", RECOMPUTING)
+def test_policy_gives_the_loss_gradients_and_load_of_none_exactly(policy: str, batch: PackedBatch,
+                                                                   reference: Step) -> None:
+    step = train_step(policy, batch)
+    assert_equal_steps(step, reference)
+    num_moe = step.model.config.num_moe_layers
+    assert step.model.model.checkpointer.replayed == num_moe  # each MoE layer's router ran again in backward
+    assert torch.equal(step.load, reference.load)
+    assert int(step.load.sum()) == len(MIXED_TYPES) * step.model.config.num_experts_per_tok * num_moe  # once
+
+
+@pytest.mark.parametrize("policy", RECOMPUTING)
+def test_recompute_replays_the_forward_routing(policy: str, batch: PackedBatch, reference: Step) -> None:
+    """An expert bias changed between forward and backward would make the recompute pick other experts."""
+    model = tiny_model("none")
+    before = model(batch).router_topk_ids
+    with torch.no_grad():
+        for moe in model.moe_layers():
+            moe.gate.expert_bias.copy_(10.0 * torch.arange(moe.num_experts))
+        after = model(batch).router_topk_ids
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    assert_equal_steps(train_step(policy, batch, bias_after_forward=10.0), reference)
+
+
+@pytest.mark.parametrize(("value", "policy"), [(True, "full"), (False, "none"), ("selective", "selective")])
+def test_legacy_bools_map_to_policies(value: bool | str, policy: str) -> None:
+    assert LuminaConfig.tiny(gradient_checkpointing=value).gradient_checkpointing == policy
+    assert LuminaConfig.tiny().replace(gradient_checkpointing=value).gradient_checkpointing == policy
+    model = tiny_model("none")
+    model.model.gradient_checkpointing = value  # what a strategy does
+    assert model.model.gradient_checkpointing == policy
+
+
+@pytest.mark.parametrize("value", ["partial", "Full", 1, None])
+def test_bad_policy_raises_naming_the_field_and_value(value: object) -> None:
+    with pytest.raises(ValueError, match=rf"LuminaConfig\.gradient_checkpointing={value!r}"):
+        LuminaConfig.tiny(gradient_checkpointing=value)
+    model = tiny_model("none")
+    with pytest.raises(ValueError, match=rf"Backbone\.gradient_checkpointing={value!r}"):
+        model.model.gradient_checkpointing = value
+
+
+def saved_bytes_per_token(policy: str, batch: PackedBatch) -> float:
+    """Bytes of the distinct non-parameter storages autograd saves in the backbone's forward, per token."""
+    model = tiny_model(policy)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.backbone(batch)
+    return sum(saved.values()) / batch.type_ids.numel()
+
+
+def test_selective_saves_fewer_bytes_than_none_and_full_fewer_than_selective() -> None:
+    batch = make_batch(MIXED_TYPES * 4)
+    none, full, selective = (saved_bytes_per_token(p, batch) for p in ("none", "full", "selective"))
+    assert full < selective < 0.75 * none
+
+
+def test_conf_models_name_a_policy() -> None:
+    values = {path.name: OmegaConf.load(path).config.get("gradient_checkpointing")
+              for path in sorted(CONF_MODELS.glob("*.yaml"))}
+    named = {name: value for name, value in values.items() if value is not None}
+    assert {"tiny.yaml", "official.yaml", "hf.yaml"} <= named.keys()
+    assert all(isinstance(v, str) and v in CHECKPOINT_POLICIES for v in named.values()), named
+
+
+@pytest.mark.parametrize("policy", RECOMPUTING)
+def test_channel_head_recomputed_in_row_chunks_matches_none(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With chunks of 3 image rows (the pack has 4 supervised image rows: two chunks), the channel head's
+    parameter gradients are sums over chunks: equal to `none` to fp32 rounding; the rest stays bitwise."""
+    import lumina.model.lumina_model as lumina_model
+
+    monkeypatch.setattr(lumina_model, "CHANNEL_CHECKPOINT_ROWS", 3)
+    batch = make_batch(MIXED_TYPES)
+    got, want = train_step(policy, batch), train_step("none", batch)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-6, atol=0)
+    for name, grad in want.grads.items():
+        if name.startswith("multi_codebook_head."):
+            torch.testing.assert_close(got.grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()) + 1e-9,
+                                       msg=name)
+        else:
+            assert torch.equal(got.grads[name], grad), name
