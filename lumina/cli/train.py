@@ -1,7 +1,9 @@
 """`lumina-train`: the Hydra entry point (also `python -m lumina.train`).
 
 Configuration mistakes end the process with one line on stderr and exit status 2; set HYDRA_FULL_ERROR=1
-for the full traceback instead."""
+for the full traceback instead. `estimate_memory=true` prints the step-memory estimate of the composed config
+instead of training (`lumina.training.memory_estimate.report_memory`): exit status 0, or 2 with one error
+line when it exceeds `memory_budget_gib`."""
 
 from __future__ import annotations
 
@@ -37,10 +39,15 @@ def main() -> None:
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _app(cfg: DictConfig) -> None:
+        from lumina.training.memory_estimate import memory_budget_gib, report_memory
         from lumina.training.run import run
 
         try:
-            run(cfg)
+            memory_budget_gib(cfg)  # a bad budget is reported whether or not the estimate runs
+            if cfg.get("estimate_memory", False):
+                report_memory(cfg)
+            else:
+                run(cfg)
         except config_errors() as error:
             if full_traceback:
                 raise

@@ -1,0 +1,506 @@
+"""`estimate_step_memory`: the memory one training step needs, from a `LuminaConfig` and a sequence length,
+without building anything (`lumina-train estimate_memory=true [memory_budget_gib=20]`).
+
+    estimate = estimate_step_memory(config, seq_len=16384, policy="selective")
+    estimate.peak, estimate.activation_bytes_per_token, estimate.fits(20.0), print(estimate.table())
+
+Parts (bytes per rank):
+    parameters        counted analytically (`parameter_counts`, equal to `count_parameters` of the module tree)
+    gradients         one per parameter, in the parameter dtype
+    optimizer_states  AdamW: exp_avg and exp_avg_sq per parameter, in the parameter dtype (8 bytes for fp32)
+    activations       what autograd keeps for backward at the end of the forward, counted tensor by tensor
+                      from the code (below), under the checkpointing policy, plus what a recompute rebuilds
+    head_losses       the fused chunked head losses (`lumina.model.linear_ce`): they keep no logits, only
+                      their input-gradient buffers (and their inputs while the objective runs), plus one
+                      chunk of fp32 logits [chunk_rows, V]; their weight gradients are the heads' gradients
+    optimizer_step    AdamW's foreach temporaries (one parameter-sized copy), after the activations are gone
+    fsdp_buffers      sharded runs: two unsharded units (in use + prefetched) and one unit's unreduced gradient
+    peak = parameters + gradients + optimizer_states + fsdp_buffers + max(activations + head_losses,
+           optimizer_step): every gradient is counted as live at the activation peak (an upper bound on a
+           caching allocator; on CPU it about equals glibc's retained free memory, see the calibration below).
+    step_rise = gradients + activations + head_losses: what one SGD step adds over the set-up model (what
+           `lumina.training.step_memory` and experiments/bench/memory.py measure).
+
+Activations, per token of one decoder layer (a = activation bytes, 4 in fp32; norms, router and softmax
+statistics in fp32; H hidden, nh/nkv heads of hd dims, E experts, top-k, I = moe_intermediate_size):
+    attention   input RMSNorm (input, rsqrt, normalised, output) 3H a + 4, fused QKV output (nh + 2 nkv) hd a,
+                q/k RMSNorm outputs and rsqrt, rotated q and k, a contiguous v, SDPA output and log-sum-exp,
+                the dense projection's input
+    MoE         post-attention RMSNorm 3H a + 4; router: the k selected fp32 scores, their ids and their sum;
+                experts: the k routing weights and copy order and gate x,
+                up x of every routed copy, 2 k I a (`_RoutedSwiGLU` keeps no [T k, H] tensor); the shared
+                expert's SwiGLU 4 I_shared a
+    dense MLP   post-attention RMSNorm 3H a + 4 and the SwiGLU's 4 intermediate_size a
+Outside the layers: the image embedding projection's input [(image input rows + supervised image rows),
+C H], the final RMSNorm, cos/sin, the segmented backend's cached additive masks (sum of L_i^2 per pack:
+seq_len x segment_len) or sdpa_dense's [S, S] one, and the channel head per supervised image row: its
+condition input, the shared adaLN condition, 32 D a per codebook position per block (adaLN output 6D, SiLU,
+LayerNorms, modulations, fused QKV 3D, q / k / SDPA output, projections, the 4D MLP twice) and 5 D a for
+the final layer.
+
+Policies (`LuminaConfig.gradient_checkpointing`):
+    none        every layer as above
+    full        each layer keeps its input [S, H] and the routing tape's top-k ids (int64 [S, k])
+    selective   attention blocks as in `none`; each FFN sub-block keeps its input and the tape
+Under full / selective the step's peak moves to the end of backward (every gradient live), where the
+recomputed layer (full) or FFN sub-block (selective) holds its `none` activations and, while its backward
+runs, about as many bytes of their gradients: "recompute" counts twice one such unit. Under none the
+activation gradients of the top layers appear while most parameter gradients do not exist yet, and are
+covered by counting every gradient as live. Under full / selective the channel head is checkpointed too, in
+chunks of `CHANNEL_CHECKPOINT_ROWS` image rows; embeddings and heads are never checkpointed.
+
+Calibration (2-core CPU, fp32, peak-RSS rise of one SGD step measured by `lumina.training.step_memory`, world
+packs; estimate / measured MiB; repeated measurements vary by up to 10%):
+    memory benchmark's small config, t2i + text-QA pack: S = 2048 none 2300 / 2352, full 2230 / 2246,
+        selective 2267 / 2151; S = 4096 none 4090 / 4465, full 3949 / 4358
+    the same with vocab_size 4096, S = 1024: none 973 / 882-983, full 938 / 871, selective 957 / 902
+    the same, text-QA-only pack, S = 4096: none 591 / 545, full 451 / 405-452, selective 526 / 494
+Where gradients dominate the rise the estimate runs high (small config, S = 512: 927 / 760).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lumina.model.config import LuminaConfig, checkpoint_policy
+from lumina.model.linear_ce import auto_chunk_rows
+from lumina.model.lumina_model import CHANNEL_CHECKPOINT_ROWS
+
+FP32, INT64, BOOL = 4, 8, 1
+GIB = 2**30
+OPTIMIZERS = {"adamw": 2, "sgd": 0}  # states per parameter
+PACK_KEYS = ("text_rows", "image_rows", "image_input_rows", "segment_len")  # conf/train.yaml's memory_pack
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+    return value
+
+
+def _fraction(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be a number in [0, 1]")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PackRows:
+    """What one pack holds: supervised text rows (the text head's rows), supervised image rows (the channel
+    head's and the codebook heads' rows), image input rows (type 2/4, embedded through the codebook tables),
+    and the typical segment length (the segmented backend's masks hold seq_len x segment_len elements)."""
+
+    text: int
+    image: int
+    image_inputs: int
+    segment_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("text", "image", "image_inputs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"PackRows.{name}={value!r}: must be an integer >= 0")
+        _positive_int("PackRows.segment_len", self.segment_len)
+
+    @classmethod
+    def assume(cls, seq_len: int, text_rows: float = 0.25, image_rows: float = 0.5,
+               image_input_rows: float = 1.0, segment_len: int = 2048) -> PackRows:
+        """Rows from fractions of seq_len (conf/train.yaml's memory_pack; image inputs at least the
+        supervised image rows, segment_len at most seq_len)."""
+        _positive_int("seq_len", seq_len)
+        text = _fraction("memory_pack.text_rows", text_rows)
+        image = _fraction("memory_pack.image_rows", image_rows)
+        inputs = _fraction("memory_pack.image_input_rows", image_input_rows)
+        if text + image > 1.0:
+            raise ValueError(f"memory_pack.text_rows={text} + memory_pack.image_rows={image}: a row is one or "
+                             "the other, so at most 1 together")
+        return cls(round(text * seq_len), round(image * seq_len), round(max(inputs, image) * seq_len),
+                   min(_positive_int("memory_pack.segment_len", segment_len), seq_len))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element: parameters (and their gradients and AdamW states), activations, FSDP's unsharded
+    parameters."""
+
+    param_bytes: int = FP32
+    activation_bytes: int = FP32
+    gathered_bytes: int = FP32
+
+    @classmethod
+    def of(cls, trainer_precision: object = "32-true", param_dtype: str | None = None) -> Precision:
+        """From Lightning's `trainer.precision` and FSDP's `parallel.param_dtype` (bf16 compute, fp32 master)."""
+        text = str(trainer_precision)
+        half = text.startswith(("bf16", "16"))
+        if not (half or text.startswith("32") or text.startswith("64")):
+            raise ValueError(f"trainer.precision={trainer_precision!r}: not a precision the estimate knows")
+        wide = 8 if text.startswith("64") else FP32
+        params = 2 if half and text.endswith("-true") else wide
+        activations = 2 if half or param_dtype in ("bfloat16", "float16") else wide
+        gathered = 2 if param_dtype in ("bfloat16", "float16") else params
+        return cls(params, activations, gathered)
+
+    @property
+    def name(self) -> str:
+        return f"{8 * self.param_bytes}-bit parameters, {8 * self.activation_bytes}-bit activations"
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """dense: every parameter but the routed experts; experts: the routed experts of every MoE layer;
+    units: parameters of each FSDP unit (decoder layers with their experts, embedding tables, heads)."""
+
+    dense: int
+    experts: int
+    units: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+def _rmsnorm_params(config: LuminaConfig) -> int:
+    return config.hidden_size
+
+
+def _attention_params(config: LuminaConfig) -> int:
+    h, hd = config.hidden_size, config.head_dim
+    qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * hd
+    qkv = h * qkv_rows + (qkv_rows if config.use_qkv_bias else 0)
+    dense = config.num_attention_heads * hd * h + (h if config.use_bias else 0)
+    return qkv + dense + 2 * hd  # + query / key RMSNorm weights
+
+
+def _layer_params(config: LuminaConfig, layer_idx: int) -> tuple[int, int]:
+    """(dense, routed-expert) parameters of decoder layer `layer_idx`."""
+    h = config.hidden_size
+    dense = 2 * _rmsnorm_params(config) + _attention_params(config)
+    if not config.is_moe_layer(layer_idx):
+        return dense + 3 * h * config.intermediate_size, 0
+    dense += config.num_experts * h + 3 * h * config.shared_expert_size  # router, shared expert
+    return dense, 3 * config.num_experts * config.moe_intermediate_size * h
+
+
+def _channel_head_params(config: LuminaConfig) -> int:
+    """The multi-codebook head: condition projection, channel / timestep embeddings, the adaLN blocks (LayerNorms,
+    QKV with per-head q / k LayerNorms, projection, MLP, 6D modulation) and the final layer (2D modulation)."""
+    d, c = config.hidden_size, config.num_codebooks
+    mlp = d * config.channel_mlp_ratio
+    head_dim = d // config.channel_heads
+    block = (2 * d + 3 * d * d + 3 * d + 4 * head_dim + d * d + d + 2 * d
+             + d * mlp + mlp + mlp * d + d + 6 * d * d + 6 * d)
+    final = 2 * d * d + 2 * d
+    return d * d + d + 2 * c * d + config.channel_depth * block + 2 * d + final
+
+
+def parameter_counts(config: LuminaConfig) -> ParameterCounts:
+    """Every parameter of `LuminaModel(config)`, counted from the sizes alone."""
+    h, c = config.hidden_size, config.num_codebooks
+    units = {
+        "word_embeddings": config.vocab_size * h,
+        "img_embeddings": c * config.image_vocab_size * h + c * h * h,  # tables + img_embeddings_proj
+        "lm_head": config.vocab_size * h,
+        "lm_img_head": c * config.codebook_size * h,
+        "multi_codebook_head": _channel_head_params(config),
+    }
+    dense = sum(units.values()) + _rmsnorm_params(config)  # + the final norm
+    experts = 0
+    for i in range(config.num_hidden_layers):
+        layer_dense, layer_experts = _layer_params(config, i)
+        units[f"layers.{i}"] = layer_dense + layer_experts
+        dense, experts = dense + layer_dense, experts + layer_experts
+    return ParameterCounts(dense, experts, units)
+
+
+# ---- activations (bytes per token or per row) ----
+
+def _rmsnorm_saved(width: int, a: int) -> int:
+    """RMSNorm of a [.., width] input: fp32 input (the input itself in fp32), rsqrt, normalised in a."""
+    return width * FP32 + FP32 + width * a
+
+
+def attention_bytes(config: LuminaConfig, a: int) -> int:
+    """Per token: the attention sub-block of a layer, from its input RMSNorm to the dense projection's input."""
+    h, hd, nh, nkv = config.hidden_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    norm = _rmsnorm_saved(h, a) + h * a  # + its output, the QKV projection's input
+    qkv = (nh + 2 * nkv) * hd * a  # kept by the q / k RMSNorms (views of it)
+    qk_norms = (nh + nkv) * (hd * a + FP32) + (0 if a == FP32 else (nh + nkv) * hd * FP32)
+    rotated = (nh + nkv) * hd * a
+    v_copy = nkv * hd * a
+    sdpa = nh * hd * a + nh * FP32  # output + log-sum-exp
+    dense_input = nh * hd * a
+    return norm + qkv + qk_norms + rotated + v_copy + sdpa + dense_input
+
+
+def router_bytes(config: LuminaConfig) -> int:
+    """Per token: the router's k selected fp32 scores, their int64 ids and the normalisation's sum (its input
+    x is kept in its own dtype: the post-attention RMSNorm's output; selection builds no graph)."""
+    k = config.num_experts_per_tok
+    return k * FP32 + k * INT64 + FP32
+
+
+def ffn_bytes(config: LuminaConfig, layer_idx: int, a: int) -> int:
+    """Per token: the FFN sub-block of layer `layer_idx` (post-attention RMSNorm -> MoE or dense SwiGLU)."""
+    norm = _rmsnorm_saved(config.hidden_size, a) + config.hidden_size * a
+    if not config.is_moe_layer(layer_idx):
+        return norm + 4 * config.intermediate_size * a
+    k = config.num_experts_per_tok
+    experts = k * FP32 + k * INT64 + 2 * k * config.moe_intermediate_size * a
+    return norm + router_bytes(config) + experts + 4 * config.shared_expert_size * a
+
+
+def tape_bytes(config: LuminaConfig, layer_idx: int) -> int:
+    """Per token: the routing tape a checkpointed MoE layer keeps (top-k ids, int64)."""
+    return config.num_experts_per_tok * INT64 if config.is_moe_layer(layer_idx) else 0
+
+
+def backbone_bytes(config: LuminaConfig, policy: str, a: int) -> tuple[int, int]:
+    """Per token: (what the decoder layers keep under `policy`, with the final RMSNorm and cos/sin; what one
+    recompute in backward rebuilds: the largest layer's (full) or FFN sub-block's (selective) `none`
+    activations, 0 for none)."""
+    layers = range(config.num_hidden_layers)
+    attn, kept_input = attention_bytes(config, a), config.hidden_size * a
+    if policy == "none":
+        kept, recompute = sum(attn + ffn_bytes(config, i, a) for i in layers), 0
+    elif policy == "selective":
+        kept = sum(attn + kept_input + tape_bytes(config, i) for i in layers)
+        recompute = max(ffn_bytes(config, i, a) for i in layers)
+    else:
+        kept = sum(kept_input + tape_bytes(config, i) for i in layers)
+        recompute = max(attn + ffn_bytes(config, i, a) for i in layers)
+    return kept + _rmsnorm_saved(config.hidden_size, a) + 2 * config.rotary_dims * a, recompute
+
+
+def channel_head_bytes_per_row(config: LuminaConfig, a: int) -> int:
+    """Per supervised image row: the multi-codebook channel head over its C positions (D = hidden_size)."""
+    d, positions, heads = config.hidden_size, config.num_codebooks, config.channel_heads
+    per_block = 32 * d * a + (4 + 5 * heads) * FP32  # + LayerNorm / q-k norm statistics, log-sum-exp
+    final = 5 * d * a + 4 * FP32
+    return config.hidden_size * a + positions * (d * a + config.channel_depth * per_block + final)
+
+
+def channel_head_bytes(config: LuminaConfig, policy: str, image_rows: int, a: int) -> int:
+    """The channel head over `image_rows` supervised image rows: all of its activations under none; under
+    full / selective only each checkpointed chunk's condition input, plus one chunk's activations and their
+    gradients while it is recomputed (`CHANNEL_CHECKPOINT_ROWS` rows)."""
+    per_row = channel_head_bytes_per_row(config, a)
+    if policy == "none":
+        return image_rows * per_row
+    return image_rows * config.hidden_size * a + 2 * min(CHANNEL_CHECKPOINT_ROWS, image_rows) * per_row
+
+
+def embedding_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
+    """The embeddings' saved tensors: ids, and the stacked code embeddings of the image input rows and of the
+    teacher-forcing codes (the projection's input, shared with the channel head's prefix)."""
+    coded = rows.image_inputs + rows.image
+    return seq_len * INT64 + coded * config.num_codebooks * (config.hidden_size * a + INT64)
+
+
+def mask_bytes(backend: str, seq_len: int, rows: PackRows, a: int) -> int:
+    """The additive attention masks a pack's spec caches (segmented: sum L_i^2; sdpa_dense: S^2)."""
+    if backend == "sdpa_dense":
+        return seq_len * seq_len * a
+    if backend == "segmented":
+        return seq_len * rows.segment_len * a
+    return 0
+
+
+def head_loss_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
+    """The fused head losses: the final hidden states and head inputs alive while the objective runs, the
+    input-gradient buffers (text [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
+    h, c = config.hidden_size, config.num_codebooks
+    inputs = (seq_len + rows.text + c * rows.image) * h * a
+    grad_inputs = (rows.text + c * rows.image) * h * a
+    text_rows = min(config.loss_chunk_rows or auto_chunk_rows(config.vocab_size), rows.text)
+    image_rows = min(config.loss_chunk_rows or auto_chunk_rows(config.codebook_size), rows.image)
+    chunk = max(text_rows * config.vocab_size, image_rows * config.codebook_size) * FP32
+    return inputs + grad_inputs + chunk
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per rank of one training step; see the module docstring for each part."""
+
+    seq_len: int
+    policy: str
+    rows: PackRows
+    precision: Precision
+    parameter_count: int
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    head_losses: int
+    optimizer_step: int
+    fsdp_buffers: int = 0
+    shard: int = 1
+    ep: int = 1
+    activation_parts: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def peak(self) -> int:
+        persistent = self.parameters + self.gradients + self.optimizer_states + self.fsdp_buffers
+        return persistent + max(self.activations + self.head_losses, self.optimizer_step)
+
+    @property
+    def step_rise(self) -> int:
+        return self.gradients + self.activations + self.head_losses
+
+    @property
+    def activation_bytes_per_token(self) -> float:
+        return self.activations / self.seq_len
+
+    def fits(self, budget_gib: float) -> bool:
+        return self.peak <= budget_gib * GIB
+
+    def table(self, budget_gib: float | None = None) -> str:
+        """A small text table of the parts (GiB), the peak and, with a budget, the fit verdict."""
+        ranks = "1 rank" if self.shard == 1 else f"FSDP shard {self.shard}, ep {self.ep}"
+        lines = [f"memory estimate: seq_len {self.seq_len}, gradient_checkpointing={self.policy}, "
+                 f"{self.precision.name}, {ranks}",
+                 f"  {'part':<18} {'GiB':>9}  notes"]
+
+        def row(name: str, value: int, note: str = "") -> None:
+            lines.append(f"  {name:<18} {value / GIB:9.3f}  {note}".rstrip())
+
+        row("parameters", self.parameters, f"{self.parameter_count / 1e6:.1f}M parameters")
+        row("gradients", self.gradients)
+        row("optimizer states", self.optimizer_states)
+        if self.fsdp_buffers:
+            row("fsdp buffers", self.fsdp_buffers, "two unsharded units + one unreduced gradient")
+        parts = ", ".join(f"{name} {value / GIB:.2f}" for name, value in self.activation_parts)
+        row("activations", self.activations,
+            f"{self.activation_bytes_per_token / 1024:.1f} KiB per token ({parts})")
+        row("head losses", self.head_losses,
+            f"rows: text {self.rows.text}, image {self.rows.image} (image inputs {self.rows.image_inputs})")
+        row("optimizer step", self.optimizer_step, "after backward; the larger of it and activations counts")
+        row("peak", self.peak)
+        if budget_gib is not None:
+            lines.append(f"fits in {budget_gib:g} GiB: {'yes' if self.fits(budget_gib) else 'no'}")
+        return "\n".join(lines)
+
+
+def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool | None = None,
+                         rows: PackRows | None = None, precision: Precision | None = None,
+                         optimizer: str = "adamw", shard: int = 1, ep: int = 1,
+                         attn_backend: str | None = None) -> MemoryEstimate:
+    """The memory of one step of `config` on packs of `seq_len` tokens (B = 1) on one rank.
+
+    policy: checkpointing policy (None = config.gradient_checkpointing); rows: what a pack holds (None =
+    `PackRows.assume(seq_len)`); optimizer: "adamw" (2 states per parameter) or "sgd" (none); shard: FSDP
+    shard size (parameters, gradients and states are divided by it; experts are split over ep and sharded
+    over shard // ep); attn_backend: None = config.attn_backend ("auto" resolved on this machine)."""
+    from lumina.attention import resolve_backend
+
+    _positive_int("seq_len", seq_len)
+    policy = checkpoint_policy(config.gradient_checkpointing if policy is None else policy, "policy")
+    rows = rows or PackRows.assume(seq_len)
+    precision = precision or Precision()
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}: must be one of {tuple(OPTIMIZERS)}")
+    _positive_int("shard", shard)
+    _positive_int("ep", ep)
+    if shard % ep or config.num_experts % ep:
+        raise ValueError(f"ep={ep}: must divide shard={shard} and num_experts={config.num_experts}")
+    backend = resolve_backend(attn_backend or config.attn_backend)
+    if rows.text + rows.image > seq_len or rows.image_inputs > seq_len:
+        raise ValueError(f"rows={rows}: more rows than seq_len={seq_len}")
+
+    a = precision.activation_bytes
+    counts = parameter_counts(config)
+    per_rank = -(-counts.total // shard)
+    param_bytes = per_rank * precision.param_bytes
+    kept, recompute = backbone_bytes(config, policy, a)
+    parts = (("backbone", seq_len * kept), ("recompute", 2 * seq_len * recompute),
+             ("channel head", channel_head_bytes(config, policy, rows.image, a)),
+             ("embeddings", embedding_bytes(config, seq_len, rows, a)),
+             ("masks", mask_bytes(backend, seq_len, rows, a)))
+    states = OPTIMIZERS[optimizer]
+    fsdp = 0
+    if shard > 1:
+        largest = max(_gathered_unit(counts, config, name, ep) for name in counts.units)
+        fsdp = largest * (2 * precision.gathered_bytes + FP32)
+    return MemoryEstimate(
+        seq_len=seq_len, policy=policy, rows=rows, precision=precision, parameter_count=counts.total,
+        parameters=param_bytes, gradients=param_bytes, optimizer_states=states * param_bytes,
+        activations=sum(value for _, value in parts),
+        head_losses=head_loss_bytes(config, seq_len, rows, a),
+        optimizer_step=param_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
+        activation_parts=parts)
+
+
+def _gathered_unit(counts: ParameterCounts, config: LuminaConfig, name: str, ep: int) -> int:
+    """Parameters of FSDP unit `name` while unsharded: a decoder layer's experts stay split over ep."""
+    if not name.startswith("layers."):
+        return counts.units[name]
+    dense, experts = _layer_params(config, int(name.split(".")[1]))
+    return dense + experts // ep
+
+
+# ---- lumina-train estimate_memory=true ----
+
+def memory_budget_gib(cfg: Any) -> float | None:
+    """cfg.memory_budget_gib: None or a positive number of GiB; anything else raises ConfigError naming it."""
+    from lumina.training.errors import ConfigError
+
+    value = cfg.get("memory_budget_gib")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"memory_budget_gib={value!r}: must be a positive number of GiB (or null)")
+    return float(value)
+
+
+def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
+    """The estimate of a composed lumina-train config: model, data.seq_len, trainer.precision, AdamW, and
+    strategy.parallel (shard / ep sizes, activation_checkpointing) when the strategy has one."""
+    from lumina.training.build import model_config, plain
+    from lumina.training.errors import ConfigError
+
+    config = model_config(cfg)
+    seq_len = cfg.data.seq_len
+    pack = plain(cfg.get("memory_pack")) or {}
+    unknown = sorted(set(pack) - set(PACK_KEYS))
+    if unknown:
+        raise ConfigError(f"memory_pack.{unknown[0]}: unknown key (expected one of {PACK_KEYS})")
+    rows = PackRows.assume(seq_len, **pack)
+    policy, shard, ep, param_dtype = config.gradient_checkpointing, 1, 1, None
+    parallel = (cfg.get("strategy") or {}).get("parallel")
+    if parallel is not None:
+        from lumina.distributed.config import ParallelConfig
+
+        sizes = ParallelConfig(**plain(parallel)).resolve(_world_size(cfg.trainer))
+        shard, ep, param_dtype = sizes.shard, sizes.ep, parallel.get("param_dtype")
+        if parallel.get("activation_checkpointing") and policy == "none":
+            policy = "full"  # what FSDP2ExpertParallelStrategy sets
+    precision = Precision.of(cfg.trainer.get("precision", "32-true"), param_dtype)
+    return estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep)
+
+
+def _world_size(trainer: Any) -> int:
+    """trainer.devices x trainer.num_nodes (a device list counts its entries)."""
+    from lumina.training.build import plain
+
+    devices, nodes = plain(trainer.get("devices", 1)), trainer.get("num_nodes", 1)
+    if isinstance(devices, list):
+        devices = len(devices)
+    if isinstance(devices, bool) or not isinstance(devices, int) or not isinstance(nodes, int):
+        raise ValueError(f"trainer.devices={devices!r}, trainer.num_nodes={nodes!r}: the memory estimate "
+                         "needs integer device counts")
+    return devices * nodes
+
+
+def report_memory(cfg: Any) -> MemoryEstimate:
+    """Print the estimate of `cfg` (and the verdict against memory_budget_gib); raise ConfigError naming the
+    budget when the peak does not fit it."""
+    from lumina.training.errors import ConfigError
+
+    budget = memory_budget_gib(cfg)
+    estimate = estimate_from_cfg(cfg)
+    print(estimate.table(budget), flush=True)
+    if budget is not None and not estimate.fits(budget):
+        raise ConfigError(f"memory_budget_gib={budget:g}: the estimated peak {estimate.peak / GIB:.2f} GiB "
+                          f"does not fit (data.seq_len={estimate.seq_len}, "
+                          f"gradient_checkpointing={estimate.policy})")
+    return estimate

@@ -1,0 +1,191 @@
+"""`estimate_step_memory` and `lumina-train estimate_memory=true`: the parameter count equals the module tree's,
+the activation count equals what autograd saves, the estimate is within 25% of a measured step's peak-RSS rise
+(fresh subprocess, `lumina.training.step_memory`), and the CLI prints the table and the fit verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import compose_train, quiet, run_cli
+
+from lumina.model import GroupedExperts, LuminaConfig, LuminaModel, count_parameters
+from lumina.objective import LuminaObjective
+from lumina.training.errors import ConfigError
+from lumina.training.memory_estimate import (
+    GIB,
+    PackRows,
+    Precision,
+    estimate_from_cfg,
+    estimate_step_memory,
+    parameter_counts,
+)
+from lumina.training.step_memory import SMALL_CONFIG, pack_rows, world_pack
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = LuminaConfig.official(**SMALL_CONFIG, attn_backend="segmented")
+TEST_FIELDS = {"vocab_size": 4096, "pad_token_id": 0}  # the small config with a short vocabulary: a quick step
+needs_peak_reset = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(),
+                                      reason="resets the kernel's peak-RSS mark through /proc/self/clear_refs")
+
+
+@pytest.mark.parametrize("config", [
+    LuminaConfig.tiny(),
+    SMALL,
+    LuminaConfig.official(),
+    LuminaConfig.tiny(num_shared_experts=None, use_qkv_bias=True, use_bias=True, first_k_dense_replace=0),
+], ids=["tiny", "small", "official", "tiny-variant"])
+def test_parameter_counts_equal_the_module_tree(config: LuminaConfig) -> None:
+    counts = parameter_counts(config)
+    with torch.device("meta"):
+        model = LuminaModel(config)
+    experts = sum(p.numel() for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters())
+    assert counts.total == count_parameters(model)
+    assert counts.experts == experts
+
+
+def saved_activation_bytes(model: LuminaModel, batch) -> int:  # noqa: ANN001 - a PackedBatch
+    """Bytes of the distinct storages autograd saves in forward + objective (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        LuminaObjective()(model(batch), batch)
+    return sum(storages.values())
+
+
+def test_activation_count_equals_what_autograd_saves() -> None:
+    config = LuminaConfig.tiny(attn_backend="segmented")
+    batch = world_pack(512, num_codebooks=config.num_codebooks)
+    rows = {k: v for k, v in pack_rows(batch).items() if k != "seq_len"}
+    assert rows["image"] > 0 and rows["text"] > 0, rows  # the pack exercises both heads
+    torch.manual_seed(0)
+    saved = saved_activation_bytes(LuminaModel(config), batch)
+    estimate = estimate_step_memory(config, 512, "none", PackRows(**rows))
+    assert abs(estimate.activations / saved - 1) < 0.05, (estimate.activations, saved)
+
+
+def test_checkpointing_keeps_less_and_the_backbone_scales_with_seq_len() -> None:
+    rows = PackRows(text=0, image=0, image_inputs=0, segment_len=64)
+    act = {p: estimate_step_memory(SMALL, 4096, p, rows).activations for p in ("none", "selective", "full")}
+    assert act["none"] > act["selective"] > act["full"], act
+    long = estimate_step_memory(SMALL, 8192, "full", rows)
+    assert long.activation_bytes_per_token == pytest.approx(act["full"] / 4096, rel=0.02)
+    image_rows = PackRows(0, 1000, 1000, 64)
+    channel_head = 1000 * 8 * 6 * 32 * 256 * 4  # 32 D per position and block
+    images = estimate_step_memory(SMALL, 4096, "none", image_rows)
+    assert images.activations > act["none"] + channel_head
+    # full / selective checkpoint the channel head in chunks of CHANNEL_CHECKPOINT_ROWS rows
+    images_full = estimate_step_memory(SMALL, 4096, "full", image_rows)
+    assert act["full"] < images_full.activations < act["full"] + channel_head / 2
+
+
+def test_sharding_divides_the_parameter_state() -> None:
+    single = estimate_step_memory(LuminaConfig.official(), 4096, "full")
+    sharded = estimate_step_memory(LuminaConfig.official(), 4096, "full", shard=8, ep=8)
+    assert sharded.parameters == math.ceil(single.parameter_count / 8) * 4
+    assert sharded.optimizer_states == 2 * sharded.parameters
+    assert single.fsdp_buffers == 0 < sharded.fsdp_buffers
+    assert sharded.activations == single.activations
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: estimate_step_memory(SMALL, 0), r"seq_len=0"),
+    (lambda: estimate_step_memory(SMALL, 64, "sometimes"), r"policy='sometimes'"),
+    (lambda: estimate_step_memory(SMALL, 64, optimizer="adam"), r"optimizer='adam'"),
+    (lambda: estimate_step_memory(SMALL, 64, shard=4, ep=3), r"ep=3"),
+    (lambda: PackRows.assume(64, text_rows=0.8, image_rows=0.5), r"memory_pack.text_rows=0.8"),
+    (lambda: PackRows.assume(64, image_rows=1.5), r"memory_pack.image_rows=1.5"),
+    (lambda: PackRows(text=-1, image=0, image_inputs=0, segment_len=1), r"PackRows.text=-1"),
+    (lambda: Precision.of("8-bit"), r"trainer.precision='8-bit'"),
+])
+def test_bad_inputs_name_the_field(call, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def measured_step(seq_len: int, policy: str, tasks: dict[str, float]) -> dict:
+    """`python -m lumina.training.step_memory` in a fresh process: its final JSON record."""
+    command = [sys.executable, "-m", "lumina.training.step_memory", "--seq-len", str(seq_len), "--policy", policy,
+               "--config", json.dumps(TEST_FIELDS), "--tasks", json.dumps(tasks), "--threads", "1"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@needs_peak_reset
+@pytest.mark.parametrize(("seq_len", "policy", "tasks"), [
+    (1024, "none", {"t2i": 0.5, "text_qa": 0.5}),  # the channel head's image rows dominate
+    (4096, "full", {"text_qa": 1.0}),  # the backbone (checkpointed) and the text head
+])
+def test_estimate_is_within_25_percent_of_a_measured_step(seq_len: int, policy: str, tasks: dict) -> None:
+    record = measured_step(seq_len, policy, tasks)
+    rows = {k: v for k, v in record["rows"].items() if k != "seq_len"}
+    assert record["peak_reset"] and record["rows"]["seq_len"] == seq_len
+    estimate = estimate_step_memory(LuminaConfig.official(**record["config"]), seq_len, policy, PackRows(**rows),
+                                    optimizer="sgd")
+    assert 0.75 <= estimate.step_rise / record["rise_bytes"] <= 1.25, (estimate.step_rise, record["rise_bytes"])
+
+
+def stderr_lines(result: subprocess.CompletedProcess) -> list[str]:
+    """The non-blank lines of a CLI run's stderr."""
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def test_cli_prints_the_table_and_the_verdict(tmp_path: Path) -> None:
+    args = ["estimate_memory=true", "memory_budget_gib=20", "data.seq_len=512", *quiet(tmp_path / "out")]
+    expected = estimate_from_cfg(compose_train(args))
+    result = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "memory estimate: seq_len 512, gradient_checkpointing=none" in result.stdout
+    for part in ("parameters", "gradients", "optimizer states", "activations", "head losses"):
+        assert f"\n  {part} " in result.stdout, result.stdout
+    peak = next(line for line in result.stdout.splitlines() if line.startswith("  peak "))
+    assert peak.split()[1] == f"{expected.peak / GIB:.3f}", peak
+    assert result.stdout.rstrip().endswith("fits in 20 GiB: yes")
+    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing was trained
+
+
+def test_cli_refuses_a_config_over_the_budget(tmp_path: Path) -> None:
+    result = run_cli(["estimate_memory=true", "memory_budget_gib=0.01", f"hydra.run.dir={tmp_path / 'run'}",
+                      *quiet(tmp_path / "out")], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "fits in 0.01 GiB: no" in result.stdout
+    lines = stderr_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("lumina-train: error: memory_budget_gib=0.01:"), result.stderr
+
+
+@pytest.mark.parametrize("budget", ["-1", "abc"])
+def test_cli_bad_budget_is_one_line_naming_the_field(budget: str, tmp_path: Path) -> None:
+    result = run_cli(["estimate_memory=true", f"memory_budget_gib={budget}", f"hydra.run.dir={tmp_path / 'run'}",
+                      *quiet(tmp_path / "out")], cwd=tmp_path)
+    assert result.returncode == 2
+    lines = stderr_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"lumina-train: error: memory_budget_gib={budget!r}" if budget == "abc"
+                               else f"lumina-train: error: memory_budget_gib={budget}:"), lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_config_estimate_follows_the_strategy_and_the_pack(tmp_path: Path) -> None:
+    base = ["data.seq_len=1024", *quiet(tmp_path)]
+    single = estimate_from_cfg(compose_train(base))
+    sharded = estimate_from_cfg(compose_train([*base, "strategy=fsdp_ep", "trainer.devices=2",
+                                               "strategy.parallel.ep=2",
+                                               "strategy.parallel.activation_checkpointing=true"]))
+    assert (sharded.shard, sharded.ep, sharded.policy) == (2, 2, "full")
+    assert sharded.parameters == math.ceil(single.parameter_count / 2) * 4
+    text_only = estimate_from_cfg(compose_train([*base, "memory_pack.image_rows=0", "memory_pack.text_rows=1"]))
+    assert text_only.activations < single.activations
+    with pytest.raises(ConfigError, match=r"memory_pack.no_such_key: unknown key"):
+        estimate_from_cfg(compose_train([*base, "+memory_pack.no_such_key=1"]))
