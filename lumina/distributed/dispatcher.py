@@ -5,7 +5,8 @@ dispatch: the T*k routed copies are sorted by global expert id (experts of ep ra
 [r*E_local, (r+1)*E_local)), the per-expert counts are exchanged (one small all-to-all), the split sizes are
 read to the host (the one host sync of the layer), the rows are all-to-all'd to the ranks owning their
 experts and regrouped by local expert for `GroupedExperts`-style compute. combine: the exact inverse (regroup,
-all-to-all back, unsort) and the fp32 weighted sum over the k slots. Every step is differentiable.
+all-to-all back) and the fp32 weighted sum over the k slots (`combine_copies`, as the local dispatcher's). Every
+step is differentiable. No `run_experts`: the MoE takes dispatch -> experts -> combine.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import torch
 import torch.distributed as dist
 
 from lumina.distributed.all_to_all import all_to_all
+from lumina.model.dispatch import combine_copies, tokens_per_chunk
 
 
 @dataclass
 class _Context:
+    order: torch.Tensor  # [T * k]: (token, slot) copy at each position of the expert-sorted send order
     inverse: torch.Tensor  # [T * k]: position of each (token, slot) copy in the expert-sorted send order
     regroup: torch.Tensor  # [N]: received-row index of each row of the expert-grouped local order
     send_splits: list[int]
     recv_splits: list[int]
-    num_tokens: int
-    top_k: int
+    step: int  # tokens per chunk of the combine's per-copy temporaries
 
 
 class AllToAllDispatcher:
@@ -64,14 +66,13 @@ class AllToAllDispatcher:
         expert_of_row = local_expert.repeat_interleave(received, output_size=rows.shape[0])
         regroup = expert_of_row.argsort(stable=True)
         tokens_per_expert = received.view(self.ep, self.num_local).sum(0)
-        ctx = _Context(inverse, regroup, send_splits, recv_splits, num_tokens, top_k)
+        ctx = _Context(order, inverse, regroup, send_splits, recv_splits, tokens_per_chunk(x, top_k))
         return rows[regroup], tokens_per_expert, ctx
 
     def combine(self, y_local: torch.Tensor, topk_weights: torch.Tensor, ctx: _Context) -> torch.Tensor:
-        """y_local [N, H] in the dispatch order -> y [T, H]: sum_k w[t, k] * expert(x[t]) in fp32, cast back."""
+        """y_local [N, H] in the dispatch order -> y [T, H]: sum_k w[t, k] * expert(x[t]) in fp32, cast back
+        (the local dispatcher's combine on the returned expert-sorted copies: it keeps them in their own dtype)."""
         undo = torch.empty_like(ctx.regroup)
         undo[ctx.regroup] = torch.arange(ctx.regroup.numel(), device=undo.device)
         rows = all_to_all(y_local[undo], ctx.send_splits, ctx.recv_splits, self.group)  # expert-sorted copies
-        per_copy = rows[ctx.inverse].view(ctx.num_tokens, ctx.top_k, -1)
-        out = (per_copy.float() * topk_weights.float().unsqueeze(-1)).sum(dim=1)
-        return out.to(y_local.dtype)
+        return combine_copies(rows, topk_weights, ctx.order, ctx.inverse, ctx.step)

@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from lumina.model.experts import GroupedExperts, grouped_swiglu
+from lumina.model.experts import GroupedExperts, RoutedCopies, check_tokens_per_expert, swiglu_experts
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -53,10 +53,10 @@ class ShardedGroupedExperts(nn.Module):
             for name in PROJECTIONS:
                 _local(getattr(self, name)).normal_(0.0, self.std)
 
-    def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        """x [N, H] grouped by local expert; tokens_per_expert int [E_local] -> [N, H]."""
-        if tokens_per_expert.shape != (self.num_local_experts,):
-            raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
-                             f"[{self.num_local_experts}] (the local experts)")
+    def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor,
+                copies: RoutedCopies | None = None) -> torch.Tensor:
+        """x [N, H] grouped by local expert; tokens_per_expert int [E_local] -> [N, H]. With `copies` (a
+        `LocalDispatcher` where the ep size is 1): x [T, H] tokens -> their weighted sum [T, H]."""
+        check_tokens_per_expert(tokens_per_expert, self.num_local_experts)
         gate, up, down = (_local(getattr(self, name)) for name in PROJECTIONS)
-        return grouped_swiglu(x, gate, up, down, tokens_per_expert, self.backend)
+        return swiglu_experts(x, gate, up, down, tokens_per_expert, self.backend, copies)

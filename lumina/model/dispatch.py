@@ -7,6 +7,13 @@ Protocol (an object held as `moe.dispatcher`, replaceable, e.g. by an expert-par
         `GroupedExperts(x_local, tokens_per_expert)`;
     combine(y_local [N, H], topk_weights fp32 [T, k], ctx) -> y [T, H] in y_local's dtype
         sum_k w[t, k] * expert_{topk_ids[t, k]}(x[t]), the weighting and sum done in fp32.
+
+Optional (`MoE` prefers it when the dispatcher has it, `run_routed_experts`):
+
+    run_experts(x [T, H], topk_ids int64 [T, k], topk_weights fp32 [T, k], experts) -> y [T, H] in x's dtype
+        the same sum as dispatch -> experts -> combine, computed as one step (the local dispatcher hands the
+        experts `RoutedCopies`: they gather their own rows and weigh their own outputs, and autograd keeps no
+        [T * k, H] tensor).
 """
 
 from __future__ import annotations
@@ -15,8 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
-from lumina.model.experts import CPU_CHUNK_BYTES
+from lumina.model.experts import RoutedCopies
+
+# largest CPU temporary the local dispatcher (and the experts it drives) builds at once: 4x under glibc's mmap
+# threshold, and large enough that a layer's CPU work is a few blocks (each small op is an OpenMP region whose
+# barrier costs milliseconds when another process holds a core)
+DISPATCH_CHUNK_BYTES = 8 * 2**20
 
 
 class MoEDispatcher(Protocol):
@@ -24,6 +37,17 @@ class MoEDispatcher(Protocol):
                  num_experts: int) -> tuple[torch.Tensor, torch.Tensor, Any]: ...
 
     def combine(self, y_local: torch.Tensor, topk_weights: torch.Tensor, ctx: Any) -> torch.Tensor: ...
+
+
+def run_routed_experts(dispatcher: MoEDispatcher, x: torch.Tensor, topk_ids: torch.Tensor,
+                       topk_weights: torch.Tensor, experts: nn.Module, num_experts: int) -> torch.Tensor:
+    """x [T, H] -> sum_k w[t, k] * expert_{topk_ids[t, k]}(x[t]) [T, H]: the dispatcher's `run_experts` where
+    it has one, else dispatch -> experts -> combine."""
+    run_experts = getattr(dispatcher, "run_experts", None)
+    if run_experts is not None:
+        return run_experts(x, topk_ids, topk_weights, experts)
+    x_local, tokens_per_expert, ctx = dispatcher.dispatch(x, topk_ids, num_experts)
+    return dispatcher.combine(experts(x_local, tokens_per_expert), topk_weights, ctx)
 
 
 class _GatherCopies(torch.autograd.Function):
@@ -95,6 +119,29 @@ class _Combine(torch.autograd.Function):
         return grad_y, grad_w, None, None, None
 
 
+def tokens_per_chunk(x: torch.Tensor, top_k: int, cpu_chunk_bytes: int = DISPATCH_CHUNK_BYTES) -> int:
+    """Tokens of x [T, H] whose k fp32 copies fit `cpu_chunk_bytes` on CPU (all T elsewhere)."""
+    num_tokens, hidden = x.shape
+    if x.device.type != "cpu":
+        return max(num_tokens, 1)
+    return max(1, cpu_chunk_bytes // (top_k * hidden * 4))  # fp32 temporaries
+
+
+def combine_copies(rows: torch.Tensor, topk_weights: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor,
+                   step: int) -> torch.Tensor:
+    """rows [T * k, H] grouped by expert (row n holds copy order[n]; copy t * k + s sits at row inverse[t * k + s])
+    -> sum_s w[t, s] * copy (t, s) [T, H] in rows' dtype, weighted and summed in fp32, `step` tokens at a time;
+    autograd keeps rows in their own dtype, the weights and `order`."""
+    return _Combine.apply(rows, topk_weights.float(), order, inverse, step)
+
+
+def _group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids [T, k] -> (order int64 [T * k]: the flat (token, slot) copies grouped by expert, token order kept
+    inside a group; tokens_per_expert int64 [E])."""
+    flat = topk_ids.reshape(-1)
+    return flat.argsort(stable=True), torch.bincount(flat, minlength=num_experts)
+
+
 @dataclass
 class _LocalContext:
     order: torch.Tensor  # [T * k]: (token, slot) copy at each expert-grouped position
@@ -105,34 +152,37 @@ class _LocalContext:
 class LocalDispatcher:
     """All experts live on this device (E_local = E, offset 0): permute copies by expert id, unpermute back.
 
-    `cpu_chunk_bytes`: on CPU, the per-copy temporaries of the combine and of the gather's backward are built
-    a chunk of tokens at a time, each at most this size. Fresh CPU tensors above glibc's mmap threshold
-    (32 MiB) page-fault on every allocation (about 25 ms per 64 MiB on a 2-core CPU, several times the copy
-    itself); chunks below it reuse heap memory. The CUDA caching allocator has no such cost: there they are
-    built whole."""
+    `cpu_chunk_bytes`: on CPU, the per-copy temporaries of the combine and of the gather's backward, and the
+    block buffers of `run_experts`' experts, are built a chunk of tokens (rows) at a time, each at most this size.
+    Fresh CPU tensors above glibc's mmap threshold (32 MiB) page-fault on every allocation (about 25 ms per
+    64 MiB on a 2-core CPU, several times the copy itself); chunks below it reuse heap memory. The CUDA caching
+    allocator has no such cost: there they are built whole."""
 
-    def __init__(self, cpu_chunk_bytes: int = CPU_CHUNK_BYTES) -> None:
+    def __init__(self, cpu_chunk_bytes: int = DISPATCH_CHUNK_BYTES) -> None:
         if cpu_chunk_bytes < 1:
             raise ValueError(f"LocalDispatcher.cpu_chunk_bytes={cpu_chunk_bytes}: must be >= 1")
         self.cpu_chunk_bytes = cpu_chunk_bytes
 
     def tokens_per_chunk(self, x: torch.Tensor, top_k: int) -> int:
-        num_tokens, hidden = x.shape
-        if x.device.type != "cpu":
-            return max(num_tokens, 1)
-        return max(1, self.cpu_chunk_bytes // (top_k * hidden * 4))  # fp32 temporaries
+        return tokens_per_chunk(x, top_k, self.cpu_chunk_bytes)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
                  num_experts: int) -> tuple[torch.Tensor, torch.Tensor, _LocalContext]:
         top_k = topk_ids.shape[1]
-        flat = topk_ids.reshape(-1)
-        order = flat.argsort(stable=True)  # copies grouped by expert, token order kept inside a group
+        order, tokens_per_expert = _group_by_expert(topk_ids, num_experts)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
-        tokens_per_expert = torch.bincount(flat, minlength=num_experts)
         step = self.tokens_per_chunk(x, top_k)
         x_local = _GatherCopies.apply(x, order, inverse, top_k, step)
         return x_local, tokens_per_expert, _LocalContext(order, inverse, step)
 
+    def run_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    experts: nn.Module) -> torch.Tensor:
+        """x [T, H], topk_ids [T, k], topk_weights [T, k] -> y [T, H] in x's dtype: `experts` (a
+        `GroupedExperts`-like module holding all experts) gather the copies, compute and weigh them in one
+        autograd step that keeps no [T * k, H] tensor (`lumina.model.experts.routed_swiglu`)."""
+        order, tokens_per_expert = _group_by_expert(topk_ids, experts.num_local_experts)
+        return experts(x, tokens_per_expert, RoutedCopies(order, topk_weights.float(), self.cpu_chunk_bytes))
+
     def combine(self, y_local: torch.Tensor, topk_weights: torch.Tensor, ctx: _LocalContext) -> torch.Tensor:
-        return _Combine.apply(y_local, topk_weights.float(), ctx.order, ctx.inverse, ctx.step)
+        return combine_copies(y_local, topk_weights, ctx.order, ctx.inverse, ctx.step)

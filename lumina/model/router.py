@@ -24,6 +24,44 @@ class Routing:
     topk_weights: torch.Tensor
 
 
+class _Fp32Logits(torch.autograd.Function):
+    """(x [T, H], weight [E, H]) -> fp32 logits x.float() @ weight.float()^T [T, E], with autograd's gradients of
+    F.linear(x.float(), weight.float()) to the bit, saving x and weight in their own dtypes (no fp32 copy of
+    bf16 activations; the casts are redone in the backward)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(x, weight)
+        return F.linear(x.float(), weight.float())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        x, weight = ctx.saved_tensors
+        grad_x = grad.mm(weight.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t().mm(x.float()).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_weight
+
+
+class _SelectedScores(torch.autograd.Function):
+    """(logits [T, E], scores = sigmoid(logits) [T, E] without grad, ids [T, k]) -> scores.gather(1, ids) [T, k]
+    with autograd's gradient of sigmoid(logits).gather(1, ids) to the bit (zero off the selected entries),
+    saving the k selected scores and ids instead of the [T, E] scores."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        chosen = scores.gather(1, ids)
+        ctx.save_for_backward(chosen, ids)
+        ctx.num_experts = logits.shape[1]
+        return chosen
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        chosen, ids = ctx.saved_tensors
+        grad_logits = grad.new_zeros(grad.shape[0], ctx.num_experts)
+        grad_logits.scatter_(1, ids, torch.ops.aten.sigmoid_backward(grad, chosen))
+        return grad_logits, None, None
+
+
 class Router(nn.Module):
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()
@@ -59,16 +97,22 @@ class Router(nn.Module):
         return biased.masked_fill(~keep, float("-inf")).topk(self.top_k, dim=-1).indices
 
     def forward(self, x: torch.Tensor) -> Routing:
-        """x [T, H] (any dtype; the router runs in fp32)."""
-        logits = F.linear(x.float(), self.weight.float())  # [T, E]
-        scores = logits.sigmoid()
-        topk_ids = self.select(scores + self.expert_bias.float())
-        return Routing(logits=logits, topk_ids=topk_ids, topk_weights=self.weigh(scores, topk_ids))
+        """x [T, H] (any dtype; the router runs in fp32). Its autograd keeps x, the ids and the k selected scores
+        (selection builds no graph)."""
+        logits = _Fp32Logits.apply(x, self.weight)  # [T, E]
+        with torch.no_grad():
+            scores = logits.sigmoid()
+            topk_ids = self.select(scores + self.expert_bias.float())
+        chosen = _SelectedScores.apply(logits, scores, topk_ids)
+        return Routing(logits=logits, topk_ids=topk_ids, topk_weights=self.normalise(chosen))
 
     def weigh(self, scores: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """Unbiased sigmoid scores [T, E] at the selected ids [T, k] -> combine weights fp32 [T, k]:
-        normalised over the k (skipped for k = 1, as in the official gate), times routed_scaling_factor."""
-        chosen = scores.gather(1, topk_ids)
+        """Unbiased sigmoid scores [T, E] at the selected ids [T, k] -> combine weights fp32 [T, k] (`normalise`)."""
+        return self.normalise(scores.gather(1, topk_ids))
+
+    def normalise(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Selected scores [T, k] -> combine weights fp32 [T, k]: normalised over the k (skipped for k = 1, as in
+        the official gate), times routed_scaling_factor."""
         if self.top_k > 1:
             chosen = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20)
         return chosen * self.routed_scaling_factor
