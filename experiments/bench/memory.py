@@ -33,26 +33,28 @@ Reference figures (the issue, S = 16384, this configuration, segmented): the off
 11,058 MiB, lumina before this work 13,403 MiB. Goals: S = 16384 at most 5,530 MiB with the default or one
 documented policy; S = 131072 under 20 GiB; step time at S = 2048 no worse than the previous commit.
 
-Measured 2026-12-01 on this 2-core CPU, shared with other jobs (a smoke run at small S only, 1 thread:
-`--seq-lens 2048 4096 --policies none full --threads 1`; the working tree of that day), cold first step:
+Measured 2026-12-01 on this 2-core CPU (two benchmark children at a time, one thread each; cold first step;
+the pack: samples of the world in a random order, 1.4% supervised text rows, 41% supervised image rows):
 
 | S | policy | rise MiB | MiB / 1k tokens | est. MiB | step s | text / image rows |
 |---|---|---|---|---|---|---|
-| 2048 | none | 2352 | 1149 | 2300 | 10.00 | 1 / 1004 |
-| 2048 | full | 2246 | 1097 | 2230 | 9.88 | 1 / 1004 |
-| 4096 | none | 4465 | 1090 | 4090 | 25.57 | 4 / 1993 |
-| 4096 | full | 4358 | 1064 | 3949 | 25.38 | 4 / 1993 |
+| 4096 | none | 3900 | 952 | 3564 | 25.6 | 56 / 1661 |
+| 4096 | full | 883 | 216 | 1239 | 20.5 | 56 / 1661 |
+| 4096 | selective | 1045 | 255 | 1314 | 20.3 | 56 / 1661 |
+| 16384 | full | 2047 | 125 | 2302 | 75.3 | 215 / 6811 |
+| 16384 | selective | 2256 | 138 | 2601 | 69.1 | 215 / 6811 |
+BIG_ROWS
 
     step time at S = 2048, policy none, segmented (medians of 3 interleaved children each):
-           today: warm step 8.50 s, cold step 9.66 s, rise 2347 MiB
-         3b24575: warm step 9.78 s, cold step 10.08 s, rise 2668 MiB
-      today / 3b24575: 0.869 (warm step; goal <= 1)
+           today: warm step 8.83 s, cold step 12.86 s, rise 2328 MiB
+         3b24575: warm step 10.15 s, cold step 11.83 s, rise 2682 MiB
+      today / 3b24575: 0.870 (warm step; goal <= 1)
 
-Supervised image rows dominate this pack (about half its rows): the channel head keeps about 1.6 MiB per image
-row (8 positions x 6 blocks x 32 x 256 fp32 values, `memory_estimate.channel_head_bytes_per_row`) and no
-checkpointing policy covers it, so full saves only the backbone's share (about 100 MiB at S = 4096) and the
-rise grows about 1.1 GiB per 1k tokens under every policy. The large S (16384 and up) are left to a quiet
-machine.
+Under none the channel head dominates (about 1.6 MiB per supervised image row: 8 positions x 6 blocks x
+32 x 256 fp32 values); full and selective checkpoint it 128 rows at a time. What grows with S under full:
+the layer inputs, the head inputs and their gradients, the teacher-forcing code embeddings and one layer's
+recompute. A first pack taken by best-fit-decreasing (all text-to-image, 4 text rows at S = 131072) gave
+full: 946 MiB at 4096, 2126 at 16384, 12180 at 131072 (819 s).
 """
 
 from __future__ import annotations

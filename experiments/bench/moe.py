@@ -11,7 +11,13 @@ All are measured round-robin in one process so machine load hits them alike.
 
 Each candidate's step starts by setting its parameters' gradients to None, as `optimizer.zero_grad()` does.
 
-Measured 2026-11-29 on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4096 tokens (median of 9):
+Measured 2026-12-01 after the fused local path (`LocalDispatcher.run_experts`: gather -> grouped SwiGLU ->
+weighted combine in one autograd Function that keeps no [T*k, H] tensor), 2 threads, median of 7:
+  back to back on a quiet machine: before 775 ms (1.18x the T*k-copies floor), after 674 ms (0.99x);
+  old and new path in one process on the same weights: grouped_mm 722 -> 611 ms, loop backend 776 -> 630 ms.
+  (While another training job shared the two cores the figures were meaningless: 15.8 s vs 10.5 s.)
+
+Measured 2026-11-29 (before the fused path) on this 2-core CPU, quiet, fp32, E=64 top-8, H=512, I=256, 4096 tokens (median of 9):
   2 threads, three runs: lumina 672-700 ms, loop 3540-3877 ms -> 5.18x / 5.43x / 5.54x;
     lumina / T*k-copies floor 1.16x / 1.15x / 1.13x; lumina / k*I-wide floor 1.34x / 1.30x / 1.30x.
   1 thread (median of 5): 1172 / 5580 / 1086 / 964 ms -> 4.76x; 1.08x; 1.22x.

@@ -136,13 +136,14 @@ def measure_step(step: Callable[[], object], warm_steps: int = 0,
 
 def world_pack(seq_len: int, num_codebooks: int = 8, seed: int = 0, tasks: dict[str, float] | None = None):
     """One pack of `seq_len` tokens from the built-in world (text-QA and text-to-image samples by default),
-    laid out (block-diffusion metadata, epoch-0 noise and CFG dropout) and packed by the data pipeline: the
-    first best-fit-decreasing pack of a world with at least 1.25 x seq_len tokens. Image codes come from a
+    laid out (block-diffusion metadata, epoch-0 noise and CFG dropout) and collated by the data pipeline: the
+    samples of a world with at least 1.25 x seq_len tokens, in a random order, each taken while it fits (so
+    the pack keeps the world's task mix; best-fit-decreasing would fill it with the longest, text-to-image). Image codes come from a
     world image tokenizer with `num_codebooks` codebooks (64 codes each; fitted once and cached)."""
     import numpy as np
 
     from lumina.data.noise import NoiseConfig
-    from lumina.data.packing import best_fit_decreasing, collate_pack
+    from lumina.data.packing import collate_pack
     from lumina.data.sources import LayoutSource
     from lumina.data.tokenizers.image_rvq import RVQSettings
     from lumina.data.world import build_world
@@ -158,10 +159,14 @@ def world_pack(seq_len: int, num_codebooks: int = 8, seed: int = 0, tasks: dict[
         if sum(lengths) >= 1.25 * seq_len:
             break
         num_samples = int(num_samples * 1.5 * seq_len / max(sum(lengths), 1)) + 16
-    plan = best_fit_decreasing(lengths, seq_len, np.random.default_rng(seed), overlong="skip")
-    if not plan.packs:
+    chosen, used = [], 0  # samples in a random order, each taken while it fits: the task mix of the world
+    for i in np.random.default_rng(seed).permutation(len(lengths)).tolist():
+        if used + lengths[i] <= seq_len:
+            chosen.append(i)
+            used += lengths[i]
+    if not chosen:
         raise ValueError(f"world_pack: no world sample fits seq_len={seq_len}")
-    sequences = [source.sequence(i, 0) for i in plan.packs[0]]
+    sequences = [source.sequence(i, 0) for i in chosen]
     return collate_pack(sequences, seq_len, world.tokens.pad, num_codebooks)
 
 
