@@ -43,7 +43,10 @@ the pack: samples of the world in a random order, 1.4% supervised text rows, 41%
 | 4096 | selective | 1045 | 255 | 1314 | 20.3 | 56 / 1661 |
 | 16384 | full | 2047 | 125 | 2302 | 75.3 | 215 / 6811 |
 | 16384 | selective | 2256 | 138 | 2601 | 69.1 | 215 / 6811 |
-BIG_ROWS
+| 65536 | full | 6317 | 96 | 6273 | 499.3 | 880 / 26425 |
+| 131072 | full | 9956 | 76 | 11417 | 883.4 | 1759 / 53291 |
+
+    longest S that trains under 20 GiB (measured): 131072, policy full
 
     step time at S = 2048, policy none, segmented (medians of 3 interleaved children each):
            today: warm step 8.83 s, cold step 12.86 s, rise 2328 MiB
