@@ -10,8 +10,9 @@ The forward walks the rows `chunk_rows` at a time through one reused [chunk, V] 
 log-sum-exp, CE and argmax, then (softmax - onehot) * row_weight in place, which gives this chunk's share of
 the gradients of x, weight and bias at once. Backward only scales them by the incoming gradient of `total`,
 so the head costs the same three GEMMs as autograd through full logits, while nothing of size [N, V] exists.
-Logits are formed in the weight's dtype and upcast (as `F.cross_entropy(logits.float())` after a bf16 head);
-weight and bias gradients are accumulated in fp32 and cast once.
+Logits are formed in the head's compute dtype (autocast's where it is on, else the inputs') and upcast (as
+`F.cross_entropy(logits.float())` after a bf16 head); weight and bias gradients are accumulated in fp32, and
+every gradient is returned in its input's dtype.
 """
 
 from __future__ import annotations
@@ -44,8 +45,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
                 targets: torch.Tensor, row_weight: torch.Tensor, chunk_rows: int):  # noqa: ANN205
-        num_rows, num_classes = x.shape[0], weight.shape[0]
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        # the head's compute dtype: autocast's where it is on (as F.linear would run), else the inputs'
+        device_type = x.device.type
+        dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
+                 else torch.promote_types(x.dtype, weight.dtype))
+        with torch.autocast(device_type, enabled=False):
+            return _LinearCrossEntropy._run(ctx, x, weight, bias, targets, row_weight, chunk_rows, dtype,
+                                            need_x, need_w, need_b)
+
+    @staticmethod
+    def _run(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001, ANN205
+             targets: torch.Tensor, row_weight: torch.Tensor, chunk_rows: int, dtype: torch.dtype,
+             need_x: bool, need_w: bool, need_b: bool):
+        num_rows, num_classes = x.shape[0], weight.shape[0]
+        x_dtype, w_dtype, b_dtype = x.dtype, weight.dtype, None if bias is None else bias.dtype
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
         ce = torch.empty(num_rows, dtype=torch.float32, device=x.device)
         preds = torch.empty(num_rows, dtype=torch.long, device=x.device)
         grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
@@ -53,7 +69,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.zeros(num_classes, dtype=torch.float32, device=x.device) if need_b else None
         step = max(1, min(chunk_rows, num_rows))
         buffer = torch.empty(step, num_classes, dtype=torch.float32, device=x.device) if num_rows else None
-        fp32 = x.dtype == weight.dtype == torch.float32
+        fp32 = dtype == torch.float32
         for start in range(0, num_rows, step):
             stop = min(start + step, num_rows)
             rows, target = x[start:stop], targets[start:stop]
@@ -82,8 +98,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_b:
                 grad_b.add_(probs.sum(0))
         total = torch.dot(ce, row_weight.float())
-        ctx.grads = (grad_x, None if grad_w is None else grad_w.to(weight.dtype),
-                     None if grad_b is None else grad_b.to(bias.dtype))
+        ctx.grads = (None if grad_x is None else grad_x.to(x_dtype), None if grad_w is None else grad_w.to(w_dtype),
+                     None if grad_b is None else grad_b.to(b_dtype))
         ctx.mark_non_differentiable(ce, preds)
         return total, ce, preds
 

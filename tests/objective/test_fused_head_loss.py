@@ -135,3 +135,21 @@ def test_objective_on_the_model_equals_full_logits_in_value_and_every_gradient(c
         # fp32 rounding, relative to the tensor's scale (some gradients are exactly zero in theory)
         torch.testing.assert_close(param.grad, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()) + 1e-9,
                                    msg=name)
+
+
+def test_under_bf16_autocast_the_head_runs_in_bf16_like_autograd() -> None:
+    """Lightning's bf16-mixed: fp32 parameters and inputs, the head's GEMM in bf16 under autocast."""
+    x, weight, b, targets, row_weight = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = F.linear(x, weight, b).float()
+    ce_ref = F.cross_entropy(logits, targets, reduction="none")
+    (ce_ref * row_weight).sum().backward()
+    ref = [t.grad.clone() for t in (x, weight, b)]
+    x.grad = weight.grad = b.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, weight, b, targets, row_weight, chunk_rows=3)
+    loss.total.backward()
+    torch.testing.assert_close(loss.per_row, ce_ref)  # the same bf16 logits
+    for got, want in zip((x.grad, weight.grad, b.grad), ref, strict=True):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
