@@ -119,6 +119,14 @@ class _Combine(torch.autograd.Function):
         return grad_y, grad_w, None, None, None
 
 
+def tokens_per_chunk(x: torch.Tensor, top_k: int, cpu_chunk_bytes: int = DISPATCH_CHUNK_BYTES) -> int:
+    """Tokens of x [T, H] whose k fp32 copies fit `cpu_chunk_bytes` on CPU (all T elsewhere)."""
+    num_tokens, hidden = x.shape
+    if x.device.type != "cpu":
+        return max(num_tokens, 1)
+    return max(1, cpu_chunk_bytes // (top_k * hidden * 4))  # fp32 temporaries
+
+
 def combine_copies(rows: torch.Tensor, topk_weights: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor,
                    step: int) -> torch.Tensor:
     """rows [T * k, H] grouped by expert (row n holds copy order[n]; copy t * k + s sits at row inverse[t * k + s])
@@ -156,11 +164,7 @@ class LocalDispatcher:
         self.cpu_chunk_bytes = cpu_chunk_bytes
 
     def tokens_per_chunk(self, x: torch.Tensor, top_k: int) -> int:
-        """Tokens of x [T, H] whose k fp32 copies fit `cpu_chunk_bytes` on CPU (all T elsewhere)."""
-        num_tokens, hidden = x.shape
-        if x.device.type != "cpu":
-            return max(num_tokens, 1)
-        return max(1, self.cpu_chunk_bytes // (top_k * hidden * 4))  # fp32 temporaries
+        return tokens_per_chunk(x, top_k, self.cpu_chunk_bytes)
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor,
                  num_experts: int) -> tuple[torch.Tensor, torch.Tensor, _LocalContext]:
