@@ -110,7 +110,10 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
     do none. Raises ValueError naming the tensor and values on any violation: bad cu_seqlens, seg_bounds
     that disagree with it, tail positions with token_valid true, metadata of the wrong length, unknown
     backend. `strict` (or env LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises RuntimeError
-    instead of falling back to `segmented`."""
+    instead of falling back to `segmented`. A window of a pack (`batch.whole` set, sequence parallelism) gets
+    the spec of its whole pack."""
+    if batch.whole is not None:
+        batch = batch.whole
     if backend not in BACKENDS:
         raise ValueError(f"attn backend {backend!r} is not one of {BACKENDS}")
     strict = strict or strict_from_env()

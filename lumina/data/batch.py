@@ -10,6 +10,11 @@ One pack per micro-batch (B = 1). Shapes after normalisation:
     cu_seqlens                   [n + 1] int32 (segment starts + end of the packed part)
     seg_bounds                   the same as a Python tuple, computed on CPU by the collator
     query_rows                   optional [N] int64 flat row indices (b*S + s) whose logits samplers want
+    whole                        optional: the whole pack when this batch is a window of its rows (sequence
+                                 parallelism, `window`); cu_seqlens / seg_bounds then describe the whole pack
+                                 and attention specs are built from it
+
+Rows past cu_seqlens[-1] are tail padding, filled with `TAIL_FILL` (input_ids: the pad id).
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ from dataclasses import dataclass
 import torch
 
 _FLOAT_EXACT_LIMIT = 2**24  # float32 holds every integer below this exactly
+LABEL_IGNORE = -100
+# per-row fields of a tail-padding row (token_valid false: attends nothing, supervises nothing)
+TAIL_FILL: dict[str, int | float | bool] = {
+    "labels": LABEL_IGNORE, "type_ids": 0, "turn_ids": 0, "block_ids": -1, "position_ids": 0,
+    "is_clean": False, "token_valid": False, "noise_t": 0.0, "answer_mask": False,
+}
+ROW_FIELDS = ("input_ids", "labels", *(name for name in TAIL_FILL if name != "labels"))  # [1, S, ...] fields
 
 
 def as_int_tuple(name: str, values) -> tuple[int, ...]:  # noqa: ANN001 - any sequence of numbers
@@ -107,6 +119,7 @@ class PackedBatch:
     answer_mask: torch.Tensor | None = None
     seg_bounds: tuple[int, ...] | None = None
     query_rows: torch.Tensor | None = None
+    whole: PackedBatch | None = None
 
     def __post_init__(self) -> None:
         self.type_ids = as_int64("type_ids", as_row("type_ids", self.type_ids))
@@ -151,7 +164,40 @@ class PackedBatch:
         return self.input_ids.device
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        """Move every tensor (seg_bounds stays a host tuple)."""
-        changes = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        """Move every tensor, and the whole pack of a window (seg_bounds stays a host tuple)."""
+        changes: dict[str, object] = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                      if isinstance(getattr(self, f.name), torch.Tensor)}
+        if self.whole is not None:
+            changes["whole"] = self.whole.to(device)
         return dataclasses.replace(self, **changes)
+
+    def padded(self, seq_len: int, pad_id: int) -> PackedBatch:
+        """This pack with invalid tail rows appended up to `seq_len` rows (`TAIL_FILL`, input_ids = pad_id);
+        the same object when it already has `seq_len` rows. Never shortens a pack."""
+        extra = seq_len - self.seq_len
+        if extra < 0:
+            raise ValueError(f"padded(seq_len={seq_len}): the pack already has {self.seq_len} rows")
+        if extra == 0:
+            return self
+        if self.whole is not None or self.query_rows is not None:
+            raise ValueError("padded(): pad the whole pack, before taking windows or query rows")
+        fill = {**TAIL_FILL, "input_ids": pad_id}
+        changes = {}
+        for name in ROW_FIELDS:
+            t = getattr(self, name)
+            if t is None:
+                continue
+            tail = torch.full((1, extra, *t.shape[2:]), fill[name], dtype=t.dtype, device=t.device)
+            changes[name] = torch.cat([t, tail], dim=1)
+        return dataclasses.replace(self, **changes)
+
+    def window(self, start: int, stop: int) -> PackedBatch:
+        """Rows [start, stop) as a batch of their own whose `whole` is this pack (attention still sees every
+        row of it through the spec). Row fields are views; cu_seqlens and seg_bounds stay the whole pack's."""
+        if not 0 <= start < stop <= self.seq_len:
+            raise ValueError(f"window [{start}, {stop}) is not a non-empty row range of a pack of "
+                             f"{self.seq_len} rows")
+        if self.whole is not None or self.query_rows is not None:
+            raise ValueError("window(): take windows of a whole training pack (no nested windows, no query_rows)")
+        rows = {name: getattr(self, name)[:, start:stop] for name in ROW_FIELDS if getattr(self, name) is not None}
+        return dataclasses.replace(self, **rows, whole=self)

@@ -17,12 +17,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from lumina.data.batch import PackedBatch
+from lumina.data.batch import TAIL_FILL, PackedBatch
 from lumina.data.sequence import TrainingSequence
 
 OverlongPolicy = Literal["error", "skip"]
 OVERLONG_POLICIES = ("error", "skip")
-LABEL_IGNORE = -100
 
 
 @dataclass(frozen=True)
@@ -142,8 +141,9 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
 
     Segments are the sequences in order: cu_seqlens = [0, L0, L0+L1, ..., total]; the padding tail is not a
     segment. An all-padding pack (no sequences) is one segment of padding, cu_seqlens = [0, seq_len], since
-    attention needs at least one segment; every row of it has token_valid false and labels -100. Tail rows: input_ids = pad_id in all C columns,
-    labels -100, type 0, turn 0, block -1, position 0, is_clean / token_valid / answer_mask false, noise_t 0.
+    attention needs at least one segment; every row of it has token_valid false and labels -100. Tail rows:
+    input_ids = pad_id in all C columns, the rest `TAIL_FILL` (labels -100, type 0, turn 0, block -1,
+    position 0, is_clean / token_valid / answer_mask false, noise_t 0).
     """
     total = sum(len(s) for s in sequences)
     if total > seq_len:
@@ -153,10 +153,10 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
         _check_sequence(s, num_codebooks)
     tail = seq_len - total
 
-    def cat(name: str, fill: float | int | bool, dtype: torch.dtype, columns: int = 0) -> torch.Tensor:
+    def cat(name: str, dtype: torch.dtype, columns: int = 0) -> torch.Tensor:
         shape = (tail, columns) if columns else (tail,)
         parts = [getattr(s, name).to(dtype) for s in sequences]
-        parts.append(torch.full(shape, fill, dtype=dtype))
+        parts.append(torch.full(shape, pad_id if name == "input_ids" else TAIL_FILL[name], dtype=dtype))
         return torch.cat(parts)
 
     bounds = [0]
@@ -167,16 +167,16 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
     token_valid = torch.zeros(seq_len, dtype=torch.bool)
     token_valid[:total] = True
     return PackedBatch(
-        input_ids=cat("input_ids", pad_id, torch.int64, num_codebooks).unsqueeze(0),
-        labels=cat("labels", LABEL_IGNORE, torch.int64, num_codebooks).unsqueeze(0),
-        type_ids=cat("type_ids", 0, torch.int64),
-        turn_ids=cat("turn_ids", 0, torch.int64),
-        block_ids=cat("block_ids", -1, torch.int64),
-        position_ids=cat("position_ids", 0, torch.int64),
-        is_clean=cat("is_clean", False, torch.bool),
+        input_ids=cat("input_ids", torch.int64, num_codebooks).unsqueeze(0),
+        labels=cat("labels", torch.int64, num_codebooks).unsqueeze(0),
+        type_ids=cat("type_ids", torch.int64),
+        turn_ids=cat("turn_ids", torch.int64),
+        block_ids=cat("block_ids", torch.int64),
+        position_ids=cat("position_ids", torch.int64),
+        is_clean=cat("is_clean", torch.bool),
         token_valid=token_valid,
-        noise_t=cat("noise_t", 0.0, torch.float32),
-        answer_mask=cat("answer_mask", False, torch.bool),
+        noise_t=cat("noise_t", torch.float32),
+        answer_mask=cat("answer_mask", torch.bool),
         cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
         seg_bounds=tuple(bounds),
     )
