@@ -1,9 +1,11 @@
 """`parallelize`: apply the expert-parallel plan and FSDP2 to a `LuminaModel`, unit by unit.
 
-Units, bottom-up: each decoder layer (its MoE experts first, as their own FSDP group on the sparse mesh),
-each conditional module (embedding tables, heads), then the root. A unit still on the meta device is
+Units, in the model's `modules()` order (embedding tables, each decoder layer with its MoE experts first as
+their own FSDP group on the sparse mesh, the heads), then the root. A unit still on the meta device is
 materialised and initialised (`reset_parameters`) just before it is sharded, so peak memory stays near one
-unsharded unit. Gradients are summed over ranks and divided by the world size in every group (the
+unsharded unit, and the random draws come in the order of a one-device `LuminaModel(config)`: the same seed
+gives the same initial weights under any layout. With sequence parallelism, each layer's attention core
+becomes a `UlyssesAttention` over the sequence-parallel group. Gradients are summed over ranks and divided by the world size in every group (the
 objective scales each rank's loss by world / N_global), so expert gradients, which already sum the tokens of
 every ep rank through the all-to-all, get the same global-token normalisation as the dense ones.
 """
@@ -22,6 +24,7 @@ from lumina.distributed.config import ParallelConfig
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.mesh import Meshes
 from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
+from lumina.distributed.sequence import UlyssesAttention
 from lumina.distributed.sharded_experts import PROJECTIONS, ShardedGroupedExperts
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
@@ -86,14 +89,29 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
     experts = expert_parameter_names(model, (GroupedExperts,))
     placements = resolve_plan(names, rules, experts)
     check_supported(placements, experts)
+    if meshes.sequence is not None:  # before any change: a head count sp cannot split raises here
+        cores = [UlyssesAttention(meshes.sequence.get_group("sp"), layer.attention.num_heads,
+                                  layer.attention.num_kv_heads) for layer in model.model.layers]
+        for layer, core in zip(model.model.layers, cores, strict=True):
+            layer.attention.core = core
     result = Parallelized(placements)
     mp = mixed_precision(config)
     world = meshes.sizes.world_size
     ep_group = meshes.sparse.get_group("ep")
     expert_dims = DataParallelMeshDims(shard="expert_fsdp", replicate="replicate")
+    layers = {id(layer): (i, layer) for i, layer in enumerate(model.model.layers)}
+    position = {id(m): n for n, m in enumerate(model.modules())}
+    units = sorted([*(layer for _, layer in layers.values()), *model.conditional_modules().values()],
+                   key=lambda m: position[id(m)])
 
-    for i, layer in enumerate(model.model.layers):
-        materialise(layer, device)
+    for unit in units:
+        materialise(unit, device)
+        if id(unit) not in layers:  # a conditional module: embedding table(s) or head(s)
+            members = list(unit) if isinstance(unit, nn.ModuleList) else unit
+            _shard(members, meshes.dense, mp, world, meshes.sizes.shard)
+            result.dense_units.append(unit)
+            continue
+        i, layer = layers[id(unit)]
         if isinstance(layer.mlp, MoE):
             moe = layer.mlp
             prefix = f"model.layers.{i}.mlp.experts."
@@ -107,12 +125,6 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
             result.expert_units.append(sharded)
         _shard(layer, meshes.dense, mp, world, meshes.sizes.shard)
         result.dense_units.append(layer)
-
-    for module in model.conditional_modules().values():
-        materialise(module, device)
-        units = list(module) if isinstance(module, nn.ModuleList) else module
-        _shard(units, meshes.dense, mp, world, meshes.sizes.shard)
-        result.dense_units.append(module)
     materialise(model, device)
     _shard(model, meshes.dense, mp, world, meshes.sizes.shard)
     result.dense_units.append(model)

@@ -102,16 +102,18 @@ class MultiCodebookHead(nn.Module):
         std = config.initializer_range
         self.num_codebooks = config.num_codebooks
         self.std = std
-        self.condition_proj = Linear(config.hidden_size, dim, bias=True, std=std)
+        # own tensors first and initialised now: construction draws in `modules()` order, as `init_weights`
+        # and a sharding strategy's unit-by-unit materialisation do
         self.channel_embed = nn.Parameter(torch.empty(1, config.num_codebooks, dim))
         self.timesteps_embeddings = nn.Parameter(torch.empty(1, config.num_codebooks, dim))
         self.register_buffer("channel_mask", causal_channel_mask(config.num_codebooks))
+        self.reset_parameters()
+        self.condition_proj = Linear(config.hidden_size, dim, bias=True, std=std)
         self.channel_blocks = nn.ModuleList(
             ChannelBlock(dim, config.channel_heads, config.channel_mlp_ratio, std)
             for _ in range(config.channel_depth))
         self.channel_norm = layer_norm(dim)
         self.channel_final = ChannelFinal(dim, std)
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Own tensors only: bare Parameters N(0, std) [inferred: not fixed by the release], the mask rebuilt."""
