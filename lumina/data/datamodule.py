@@ -1,7 +1,9 @@
 """`LuminaDataModule`: packed batches for every data-parallel rank, with an exact, rank-count-agnostic resume.
 
-Data parallelism spans the whole world (expert parallelism shares tokens, not data): rank r of W trains
-pack `cursor + r` of the epoch plan at each step (see `lumina.data.plan`). The cursor advances only when a
+Data-parallel rank r of W trains pack `cursor + r` of the epoch plan at each step (see `lumina.data.plan`).
+The data-parallel layout is the strategy's `distributed_sampler_kwargs` (Lightning's convention), else the
+whole world: expert parallelism shares tokens, not data; the ranks of a sequence-parallel group form one
+data-parallel rank and receive the same pack. The cursor advances only when a
 training step finishes (`PackCursorCallback.on_train_batch_end`, which the module installs into the
 trainer in `setup`), so batches the loop or the workers prefetched but never trained are not lost on
 resume. `state_dict()` (saved with every Lightning checkpoint) holds (epoch, cursor); after a restart the
@@ -126,12 +128,14 @@ class LuminaDataModule(L.LightningDataModule):
         return self.schedule.world_size
 
     def setup(self, stage: str) -> None:
-        """Read the DP rank / size from the trainer (the process group exists by now); install the cursor
-        callback. Without a trainer: rank 0 of 1."""
+        """Read the DP rank / size from the trainer's strategy (the process group exists by now); install the
+        cursor callback. Without a trainer: rank 0 of 1."""
         trainer = self.trainer
         if trainer is None:
             return
-        self.schedule.set_rank(trainer.global_rank, trainer.world_size)
+        layout = getattr(trainer.strategy, "distributed_sampler_kwargs", None) or {
+            "num_replicas": trainer.world_size, "rank": trainer.global_rank}
+        self.schedule.set_rank(layout["rank"], layout["num_replicas"])
         connector = getattr(trainer, "_accelerator_connector", None)
         if getattr(connector, "use_distributed_sampler", False):
             raise ValueError("LuminaDataModule deals packs to ranks itself; build the Trainer with "

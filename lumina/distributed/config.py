@@ -9,12 +9,15 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass
 class ParallelConfig:
-    """world = replicate * shard ranks; every rank is a data-parallel rank.
+    """world = replicate * shard ranks; the parameters are sharded over all of them.
 
     replicate:  HSDP replicas (outer dim of both meshes); 1 = plain FSDP.
     shard:      FSDP shard size of the dense parameters; "auto" = world // replicate.
     ep:         expert-parallel size (divides `shard` and num_experts); the experts of a layer are split over
                 the ep ranks and further FSDP-sharded over the remaining shard // ep ("expert fsdp") ranks.
+    sp:         sequence-parallel size (divides the world and num_attention_heads): `sp` consecutive ranks share
+                one pack, each holding S/sp of its rows (Ulysses all-to-all around attention); the data-
+                parallel size is world // sp.
     param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = keep fp32 compute). When set,
                 the trainer must run "32-true" precision (no Lightning autocast on top).
     activation_checkpointing: the model's gradient_checkpointing policy `none` becomes `full` (each decoder
@@ -29,6 +32,7 @@ class ParallelConfig:
     replicate: int = 1
     shard: int | str = "auto"
     ep: int = 1
+    sp: int = 1
     param_dtype: str | None = None
     reduce_dtype: str = "float32"
     activation_checkpointing: bool = False
@@ -37,7 +41,7 @@ class ParallelConfig:
     timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
-        for name in ("replicate", "ep"):
+        for name in ("replicate", "ep", "sp"):
             _positive_int(name, getattr(self, name))
         if self.shard != "auto":
             _positive_int("shard", self.shard)
@@ -49,7 +53,7 @@ class ParallelConfig:
             raise ValueError(f"ParallelConfig.timeout_s={self.timeout_s!r}: must be a positive number of seconds")
 
     def resolve(self, world_size: int) -> ResolvedSizes:
-        """Check the sizes against the world size -> (replicate, shard, expert_fsdp, ep)."""
+        """Check the sizes against the world size -> (replicate, shard, expert_fsdp, ep, sp)."""
         if world_size % self.replicate:
             raise ValueError(f"ParallelConfig.replicate={self.replicate} does not divide the world size {world_size}")
         shard = world_size // self.replicate if self.shard == "auto" else int(self.shard)
@@ -59,7 +63,10 @@ class ParallelConfig:
         if shard % self.ep:
             raise ValueError(f"ParallelConfig.ep={self.ep} does not divide shard={shard} (expert parallelism "
                              "runs inside one FSDP shard group)")
-        return ResolvedSizes(self.replicate, shard, shard // self.ep, self.ep)
+        if world_size % self.sp:
+            raise ValueError(f"ParallelConfig.sp={self.sp} does not divide the world size {world_size} (a pack "
+                             "is shared by sp consecutive ranks)")
+        return ResolvedSizes(self.replicate, shard, shard // self.ep, self.ep, self.sp)
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,16 @@ class ResolvedSizes:
     shard: int
     expert_fsdp: int
     ep: int
+    sp: int = 1
 
     @property
     def world_size(self) -> int:
         return self.replicate * self.shard
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: ranks that train different packs."""
+        return self.world_size // self.sp
 
 
 def _positive_int(name: str, value: object) -> None:

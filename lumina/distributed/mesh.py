@@ -1,11 +1,13 @@
-"""The two device meshes: dense (replicate x shard) and sparse (replicate x expert_fsdp x ep, ep innermost).
+"""The device meshes: dense (replicate x shard), sparse (replicate x expert_fsdp x ep, ep innermost) and, with
+sequence parallelism, sequence (dp x sp, sp innermost).
 
-Both span the same ranks in the same order; rank r sits at dense coordinate (r // S, r % S) and sparse
+All span the same ranks in the same order; rank r sits at dense coordinate (r // S, r % S) and sparse
 coordinate (r // S, (r % S) // ep, r % ep), so an expert-parallel group is `ep` consecutive ranks inside
-one dense shard group."""
+one dense shard group; a sequence-parallel group is `sp` consecutive ranks (data-parallel rank r // sp)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -14,6 +16,7 @@ from lumina.distributed.config import ResolvedSizes
 
 DENSE_DIMS = ("replicate", "shard")
 SPARSE_DIMS = ("replicate", "expert_fsdp", "ep")
+SEQUENCE_DIMS = ("dp", "sp")
 
 
 @dataclass
@@ -21,27 +24,37 @@ class Meshes:
     dense: DeviceMesh  # [replicate, shard]
     sparse: DeviceMesh  # [replicate, expert_fsdp, ep]
     sizes: ResolvedSizes
+    sequence: DeviceMesh | None = None  # [dp, sp] when sp > 1
 
     @property
     def ep(self) -> DeviceMesh:
         return self.sparse["ep"]
 
 
-_CACHE: dict[tuple[ResolvedSizes, str], Meshes] = {}
+_CACHE: dict[tuple, Meshes] = {}
+_SEQUENCE_CACHE: dict[tuple, DeviceMesh] = {}
 
 
 def build_meshes(sizes: ResolvedSizes, device_type: str) -> Meshes:
-    """Create both meshes (a collective: every rank must call it with the same sizes). Meshes are cached per
-    (sizes, device type) and process group: DTensor canonicalises equal meshes, and FSDP2 requires a
-    parameter's mesh to be the very object it shards over."""
-    key = (sizes, device_type)
-    if key in _CACHE and _CACHE[key].dense.get_group("shard") is not None and _alive(_CACHE[key]):
-        return _CACHE[key]
-    dense = init_device_mesh(device_type, (sizes.replicate, sizes.shard), mesh_dim_names=DENSE_DIMS)
-    sparse = init_device_mesh(device_type, (sizes.replicate, sizes.expert_fsdp, sizes.ep),
-                              mesh_dim_names=SPARSE_DIMS)
-    _CACHE[key] = Meshes(dense=dense, sparse=sparse, sizes=sizes)
-    return _CACHE[key]
+    """Create the meshes (a collective: every rank must call it with the same sizes). Dense and sparse meshes
+    are cached per (their sizes, device type) and process group, the sequence mesh per (dp, sp): DTensor
+    canonicalises equal meshes, and FSDP2 requires a parameter's mesh to be the very object it shards over,
+    whatever the sequence-parallel size."""
+    key = (sizes.replicate, sizes.shard, sizes.expert_fsdp, sizes.ep, device_type)
+    if not (key in _CACHE and _CACHE[key].dense.get_group("shard") is not None and _alive(_CACHE[key])):
+        dense = init_device_mesh(device_type, (sizes.replicate, sizes.shard), mesh_dim_names=DENSE_DIMS)
+        sparse = init_device_mesh(device_type, (sizes.replicate, sizes.expert_fsdp, sizes.ep),
+                                  mesh_dim_names=SPARSE_DIMS)
+        _CACHE[key] = Meshes(dense=dense, sparse=sparse, sizes=sizes)
+        _SEQUENCE_CACHE.clear()  # a new process group: the old sequence meshes belong to the old one
+    sequence = None
+    if sizes.sp > 1:
+        sequence_key = (sizes.dp, sizes.sp, device_type)
+        if sequence_key not in _SEQUENCE_CACHE:
+            _SEQUENCE_CACHE[sequence_key] = init_device_mesh(device_type, (sizes.dp, sizes.sp),
+                                                             mesh_dim_names=SEQUENCE_DIMS)
+        sequence = _SEQUENCE_CACHE[sequence_key]
+    return dataclasses.replace(_CACHE[key], sizes=sizes, sequence=sequence)
 
 
 def _alive(meshes: Meshes) -> bool:

@@ -5,8 +5,9 @@ Flow: `setup_environment` starts the process group (with `timeout_s`) and builds
 LightningModule's `configure_model` builds the model (on meta when `materialises_model`); `setup` then
 checks the plan, turns activation checkpointing on (the backbone replays the routers' top-k itself), shards
 unit by unit (materialising meta units as it goes), loads `init_from` straight into the shards, installs the
-participation check, and hands over to Lightning (optimizers, DCP checkpointing). Every rank is a
-data-parallel rank (the DataModule deals packs over the whole world).
+participation check, and hands over to Lightning (optimizers, DCP checkpointing). The DataModule deals packs
+over the data-parallel ranks (`distributed_sampler_kwargs`); with sequence parallelism the `sp` ranks of a
+group receive the same pack and `batch_to_device` keeps each rank's window of its rows.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from lumina.data.batch import PackedBatch
 from lumina.distributed.config import ParallelConfig
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import full_state_dict, load_hf_sharded
@@ -33,6 +35,7 @@ from lumina.distributed.mesh import Meshes, build_meshes
 from lumina.distributed.parallelize import Parallelized, parallelize
 from lumina.distributed.participation import ParticipationTracker, detach_empty_outputs, tracked_modules
 from lumina.distributed.plan import PlanRule, parse_plan
+from lumina.distributed.sequence import SequenceShard
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         self.parallelized: Parallelized | None = None
         self.participation: ParticipationTracker | None = None
         self.loaded_init_from: str | None = None  # set when `setup` read an HF checkpoint into the shards
+        self.sequence_shard: SequenceShard | None = None  # this rank's window of a pack (sp > 1)
         self.materialises_model = True  # LightningModules may build on meta and leave init to `setup`
         environment = cluster_environment()
         if environment is not None:  # under submitit: submitit owns preemption / requeue
@@ -81,12 +85,28 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
+        """The data-parallel layout: the sp ranks of a sequence-parallel group share one replica."""
+        sp = self.parallel.sp
+        return {"num_replicas": self.world_size // sp, "rank": self.global_rank // sp}
 
     @property
     def dp_process_group(self) -> dist.ProcessGroup | None:
-        """Every rank is a data-parallel rank: the default (world) group."""
+        """The ranks whose gradients are averaged and whose token counts make the global normalisation: the
+        default (world) group. Sequence-parallel ranks hold disjoint rows, so world sums count each once."""
         return None
+
+    @property
+    def sp_process_group(self) -> dist.ProcessGroup | None:
+        """The ranks that share this rank's pack (None without sequence parallelism)."""
+        sequence = self.meshes.sequence if self.meshes is not None else None
+        return sequence.get_group("sp") if sequence is not None else None
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Move the batch; with sequence parallelism keep this rank's window of the pack's rows."""
+        batch = super().batch_to_device(batch, device, dataloader_idx)
+        if self.sequence_shard is not None and isinstance(batch, PackedBatch):
+            batch = self.sequence_shard.local(batch)
+        return batch
 
     # ---- model ----
     def setup(self, trainer: L.Trainer) -> None:
@@ -115,6 +135,8 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         if cfg.activation_checkpointing and model.model.gradient_checkpointing == "none":
             model.model.gradient_checkpointing = "full"  # the backbone replays the routers' top-k itself
         self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
+        if cfg.sp > 1:
+            self.sequence_shard = SequenceShard(self.global_rank % cfg.sp, cfg.sp, model.config.pad_token_id)
         if on_meta and init_from is not None:
             load_hf_sharded(model, init_from)
             self.loaded_init_from = init_from

@@ -1,7 +1,12 @@
 """The backbone's self-attention block: fused QKV -> per-head RMSNorm on q and k -> partial RoPE -> packed
-attention (`lumina.attention.attend`, non-causal, GQA, scale 1/sqrt(head_dim)) -> `dense`."""
+attention (`core`, non-causal, GQA, scale 1/sqrt(head_dim)) -> `dense`.
+
+`core` is the seam where the rows meet: `lumina.attention.attend` when this device holds the whole pack;
+sequence parallelism swaps in an all-to-all around it (`lumina.distributed.sequence.UlyssesAttention`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -11,10 +16,13 @@ from lumina.model.config import LuminaConfig
 from lumina.model.layers import Linear, RMSNorm
 from lumina.model.rotary import apply_rotary
 
+AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
+
 
 class Attention(nn.Module):
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()
+        self.core: AttentionCore = attend  # (q [B, nh, S, hd], k, v [B, nkv, S, hd], spec) -> [B, nh, S, hd]
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -35,5 +43,5 @@ class Attention(nn.Module):
         k = self.key_layernorm(k.transpose(1, 2))  # [B, nkv, S, hd]
         v = v.transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = attend(q, k, v, spec)  # [B, nh, S, hd]
+        out = self.core(q, k, v, spec)  # [B, nh, S, hd]
         return self.dense(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))

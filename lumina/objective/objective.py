@@ -46,13 +46,18 @@ class LuminaObjective(nn.Module):
     """Stateless apart from the expert-bias counts accumulated in training mode (`self.training`).
 
     group: the process group whose ranks average gradients (None = the default group).
+    sequence_group: the ranks sharing this rank's pack under sequence parallelism (None = none): the
+                    balance loss's statistics are per pack. Token counts, expert loads and accuracies need no
+                    such care: the ranks of a group hold disjoint rows, so sums over `group` count each once.
     """
 
-    def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None,
+                 sequence_group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         self.config = config or ObjectiveConfig()
         self.bias_updater = ExpertBiasUpdater(self.config.balance.bias_rate, group)
         self.group = group
+        self.sequence_group = sequence_group
 
     @property
     def group(self) -> dist.ProcessGroup | None:
@@ -102,7 +107,8 @@ class LuminaObjective(nn.Module):
         load = expert_load(output.router_topk_ids, batch.token_valid, _num_experts(output))
         if cfg.balance.aux_coef > 0:
             aux = cfg.balance.aux_coef * balance_loss(output.router_logits, output.router_topk_ids,
-                                                       batch.token_valid, cfg.balance.p_source)
+                                                       batch.token_valid, cfg.balance.p_source,
+                                                       self.sequence_group)
         else:
             aux = torch.zeros((), device=text_loss.device)
         if cfg.balance.bias_update and self.training:

@@ -86,6 +86,7 @@ class LuminaModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         group = getattr(self.trainer.strategy, "dp_process_group", None)
         self.objective.group = group  # token counts and expert-bias counts
+        self.objective.sequence_group = getattr(self.trainer.strategy, "sp_process_group", None)
         self.train_acc.set_process_group(group)
         self.val_acc.set_process_group(group)
 
