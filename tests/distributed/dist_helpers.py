@@ -62,6 +62,40 @@ def make_pack(segments: list[tuple[int, int, int, int, int]], seed: int) -> Pack
         answer_mask=torch.tensor([answer]))
 
 
+def block_pack(seed: int, prompt: int = 4, answer: int = 16, block: int = 4, tail: int = 11) -> PackedBatch:
+    """A block-diffusion text answer as the layout writes it: a clean prompt (turn 0), the noisy answer in
+    `answer // block` blocks (turn 1, the first row of each block supervised) and its clean memory (the same
+    rows again, clean, unsupervised, same positions), then a plain `tail`-row text sequence. With the defaults
+    (47 rows) the memory of blocks 1-3 lands in the second half of the pack, the noisy blocks in the first."""
+    cfg = tiny_config()
+    gen = torch.Generator().manual_seed(seed)
+    cols = cfg.num_codebooks
+    answer_ids = torch.randint(1, cfg.vocab_size, (answer,), generator=gen)
+    blocks = torch.arange(answer) // block
+    rows = []  # (id, label, type, turn, block, position, clean, noise, answer)
+    for i in range(prompt):
+        rows.append((int(torch.randint(1, cfg.vocab_size, (1,), generator=gen)), M, 1, 0, -1, i, True, 0.0, False))
+    for i in range(answer):  # noisy copy: every row masked (id 1), supervised at the first row of a block
+        label = int(answer_ids[i]) if i % block == 0 else M
+        rows.append((1, label, 3, 1, int(blocks[i]), prompt + i, False, 0.5, True))
+    for i in range(answer):  # clean memory
+        rows.append((int(answer_ids[i]), M, 3, 1, int(blocks[i]), prompt + i, True, 0.0, False))
+    first = len(rows)
+    for i in range(tail):
+        label = int(torch.randint(0, cfg.vocab_size, (1,), generator=gen)) if i >= 3 else M
+        rows.append((int(torch.randint(1, cfg.vocab_size, (1,), generator=gen)), label, 3 if i >= 3 else 1,
+                     int(i >= 3), -1, i, i < 3, 0.5 if i >= 3 else 0.0, i >= 3))
+    ids, labels, types, turns, block_ids, pos, clean, noise, answer_mask = zip(*rows, strict=True)
+    labels_grid = torch.full((1, len(rows), cols), M)
+    labels_grid[0, :, 0] = torch.tensor(labels)
+    return PackedBatch(
+        input_ids=torch.tensor(ids).view(1, -1, 1).expand(1, len(rows), cols).clone(), labels=labels_grid,
+        type_ids=torch.tensor([types]), turn_ids=torch.tensor([turns]), block_ids=torch.tensor([block_ids]),
+        position_ids=torch.tensor([pos]), is_clean=torch.tensor([clean]),
+        token_valid=torch.ones(1, len(rows), dtype=torch.bool), cu_seqlens=torch.tensor([0, first, len(rows)]),
+        noise_t=torch.tensor([noise]), answer_mask=torch.tensor([answer_mask]))
+
+
 def union(first: PackedBatch, second: PackedBatch) -> PackedBatch:
     """One pack holding both packs' sequences (what one process sees of the global batch)."""
     cat = {name: torch.cat([getattr(first, name), getattr(second, name)], dim=1)
@@ -73,6 +107,8 @@ def union(first: PackedBatch, second: PackedBatch) -> PackedBatch:
 # rank 0: 3 supervised text tokens and no image; rank 1: 60 supervised text tokens and 20 image cells
 FEW = [(4, 6, 3, 0, 0)]
 MANY = [(3, 24, 20, 12, 10), (2, 22, 20, 12, 10), (2, 20, 20, 0, 0)]
+# 56 rows: split over 2 sequence-parallel ranks, rank 0's 28 rows hold text targets only (no image target)
+TEXT_THEN_IMAGE = [(4, 30, 20, 0, 0), (2, 6, 4, 14, 10)]
 
 
 def free_port() -> int:

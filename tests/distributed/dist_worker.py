@@ -17,7 +17,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from dist_helpers import FEW, MANY, make_pack, tiny_config
+from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, make_pack, tiny_config, union
 from torch.utils.data import DataLoader
 
 from lumina.distributed import (
@@ -34,6 +34,7 @@ from lumina.distributed import (
     tracked_modules,
 )
 from lumina.distributed.plan import OFFICIAL_PLAN
+from lumina.distributed.sequence import SequenceShard
 from lumina.model import LuminaModel
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
@@ -62,8 +63,8 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters() if p.grad is not None}
 
 
-def objective() -> LuminaObjective:
-    return LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)))
+def objective(sequence_group=None) -> LuminaObjective:
+    return LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)), sequence_group=sequence_group)
 
 
 def my_pack():
@@ -119,6 +120,28 @@ def mixed_precision() -> None:
     save("mixed_precision", {"grads": full_grads(model), "dtypes": dtypes})
 
 
+SEQUENCE_PACKS = {"union": lambda: union(make_pack(FEW, seed=10), make_pack(MANY, seed=11)),
+                  "block": lambda: block_pack(seed=5)}
+
+
+def sequence_parity(name: str, pack: str, ep: int, **overrides) -> None:
+    """sp=2: both ranks share one pack (odd length, segments across the split), each holding half its rows;
+    loss, gradients, clipping norm and the weights after one clipped SGD step (compared with one process)."""
+    model = sharded(fresh_model(**overrides), ep=ep, sp=2)
+    group = model.model.layers[0].attention.core.group
+    batch = SequenceShard(dist.get_rank(group), 2, tiny_config().pad_token_id).local(SEQUENCE_PACKS[pack]())
+    result = objective(group)(model(batch), batch)
+    result.loss.backward()
+    loss = result.loss.detach().clone()
+    dist.all_reduce(loss)  # the ranks' mean is the logged loss
+    grads = full_grads(model)
+    norm = total_grad_norm(model.parameters())
+    clipped = clip_grad_norm(model.parameters(), max_norm=0.5 * float(norm))
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    save(name, {"loss": loss / 2, "grads": grads, "norm": norm, "clip_norm": clipped, "rows": batch.seq_len,
+                "weights": full_state_dict(model, all_ranks=True)})
+
+
 def loaded_from_hf(hf_dir: str) -> LuminaModel:
     """Meta-initialised model, sharded over this world at EP=2, then the split HF checkpoint read into the shards."""
     with torch.device("meta"):
@@ -147,6 +170,20 @@ def four_ranks(hf_dir: str) -> None:
     save("four", {"weights": weights, "grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
                   "placements": [type(p).__name__ for p in gate.placements],
                   "local_expert_rows": gate.to_local().shape[0]})
+
+
+def four_sequence() -> None:
+    """4 ranks at sp=2 x ep=2: ranks 0, 1 share pack FEW, ranks 2, 3 pack MANY (data-parallel size 2)."""
+    model = sharded(fresh_model(), ep=2, sp=2)
+    group = model.model.layers[0].attention.core.group
+    pack = make_pack(FEW, seed=10) if RANK < 2 else make_pack(MANY, seed=11)
+    batch = SequenceShard(RANK % 2, 2, tiny_config().pad_token_id).local(pack)
+    result = objective(group)(model(batch), batch)
+    result.loss.backward()
+    loss = result.loss.detach().clone()
+    dist.all_reduce(loss)
+    save("four_sequence", {"loss": loss / 4, "grads": full_grads(model), "norm": total_grad_norm(model.parameters()),
+                           "sp_ranks": dist.get_process_group_ranks(group)})
 
 
 # ---------------------------------------------------------------- Lightning runs
@@ -203,6 +240,7 @@ class Recorder(L.Callback):
 
     def __init__(self, at_steps: tuple[int, ...] = ()) -> None:
         self.losses, self.batches, self.biases, self.at_steps, self.snapshots = [], [], [], at_steps, {}
+        self.packs = []  # digest of the whole pack (a sequence-parallel rank's batch is a window of it)
 
     @staticmethod
     def snapshot(module) -> dict:
@@ -212,6 +250,8 @@ class Recorder(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
         self.batches.append(hashlib.sha1(batch.input_ids.numpy().tobytes()).hexdigest())
+        pack = batch.whole if batch.whole is not None else batch
+        self.packs.append(hashlib.sha1(pack.input_ids.numpy().tobytes()).hexdigest())
         self.biases.append([m.gate.expert_bias.clone() for m in module.model.moe_layers()])
         if trainer.global_step in self.at_steps:
             self.snapshots[trainer.global_step] = self.snapshot(module)
@@ -221,7 +261,7 @@ class Recorder(L.Callback):
 
     def result(self) -> dict:
         return {"losses": self.losses, "batches": self.batches, "biases": self.biases,
-                "snapshots": self.snapshots}
+                "snapshots": self.snapshots, "packs": self.packs}
 
 
 def train_and_resume() -> None:
@@ -309,6 +349,52 @@ def hang() -> None:
     save("hang", result)
 
 
+class BatchFacts(L.Callback):
+    """Per step: train/loss (the mean over ranks) and this rank's local rows, supervised image rows and
+    participation checks."""
+
+    def __init__(self) -> None:
+        self.losses, self.rows, self.image_rows, self.checks = [], [], [], []
+
+    def on_train_end(self, trainer, module) -> None:
+        self.losses = list(module.loss_history)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.rows.append(batch.seq_len)
+        self.image_rows.append(int(((batch.type_ids == 4) & (batch.labels[..., 0] != -100)).sum()))
+        self.checks.append(trainer.strategy.participation.checks)
+
+
+def sequence_runs() -> None:
+    """Lightning at sp=2: a pack whose first half holds no image target trains, with the same losses as
+    sp=1 where both ranks train the whole pack; world data with DCP checkpoints resumes at sp=2 and loads
+    at sp=1."""
+    pack = make_pack(TEXT_THEN_IMAGE, seed=3)
+    out = {}
+    for sp in (2, 1):
+        facts = BatchFacts()
+        trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2, sp=sp)), OUT / f"sp{sp}_text_only", 3,
+                [facts]).fit(lumina_module(), datamodule=FixedPacks([pack, pack]))
+        out[f"sp{sp}"] = {"losses": facts.losses, "rows": facts.rows, "image_rows": facts.image_rows,
+                          "checks": facts.checks}
+    root = OUT / "sp_lightning"
+    full = Recorder(at_steps=(2,))
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(sp=2)), root, 4, [full], every=2).fit(
+        lumina_module(), datamodule=world_data())
+    ckpt = root / "ckpt" / "s2.ckpt"
+    resumed = Recorder()
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(sp=2)), OUT / "sp_resume", 4, [resumed]).fit(
+        lumina_module(), datamodule=world_data(), ckpt_path=str(ckpt))
+    at_sp1 = lumina_module()  # max_steps=2: restores step 2, trains nothing
+    data = world_data()
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(sp=1)), OUT / "sp1", 2).fit(
+        at_sp1, datamodule=data, ckpt_path=str(ckpt))
+    out["resume"] = {"full": full.result(), "resumed": resumed.result(), "ckpt": str(ckpt),
+                     "sp1": {**Recorder.snapshot(at_sp1), "step": at_sp1.trainer.global_step,
+                             "data_parallel": (data.rank, data.world_size)}}
+    save("sequence_runs", out)
+
+
 def main() -> None:
     global OUT, RANK
     scenario, OUT = sys.argv[1], Path(sys.argv[2])
@@ -321,6 +407,7 @@ def main() -> None:
     RANK = dist.get_rank()
     if scenario == "four":
         four_ranks(str(OUT / "hf_in"))
+        four_sequence()
         dist.destroy_process_group()
         return
     if scenario == "init_from":  # one part alone, for debugging
@@ -333,10 +420,15 @@ def main() -> None:
     checkpointing("selective")
     mixed_precision()
     hf_load(str(OUT / "hf_in"))
+    sequence_parity("sp_segmented", "union", ep=2)
+    sequence_parity("sp_sdpa_dense", "union", ep=1, attn_backend="sdpa_dense")
+    sequence_parity("sp_block", "block", ep=2)
+    sequence_parity("sp_kv_replicated", "union", ep=1, num_key_value_heads=1)
     if scenario == "core":
         strategy_init_from(str(OUT / "hf_in"))
         train_and_resume()
         conditional_runs()
+        sequence_runs()
     dist.barrier()
     dist.destroy_process_group()
     # Every result is saved and both ranks passed the barrier. The deliberately failing participation-check

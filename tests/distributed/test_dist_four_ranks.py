@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_helpers import FEW, MANY, assert_close_by_name, make_pack, run_scenario, tiny_config, union
+from dist_helpers import FEW, MANY, assert_close_by_name, make_pack, tiny_config, union
 
-from lumina.checkpoint import save_pretrained
 from lumina.model import LuminaModel
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dist_four")
-    torch.manual_seed(0)
-    save_pretrained(LuminaModel(tiny_config()), out / "hf_in", layout="split")
-    load = run_scenario("four", out, expect_ok=True, world=4)
-    return [load("four", rank) for rank in range(4)]
+def four_results(four) -> list[dict]:
+    return [four("four", rank) for rank in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -34,20 +29,20 @@ def one_process() -> dict:
     return {"grads": grads, "norm": norm}
 
 
-def test_expert_tensors_are_split_on_both_mesh_dims(four) -> None:
-    for got in four:
+def test_expert_tensors_are_split_on_both_mesh_dims(four_results) -> None:
+    for got in four_results:
         assert got["placements"] == ["Replicate", "_StridedShard", "Shard"]
         assert got["local_expert_rows"] == 2  # 8 experts / (ep 2 x expert_fsdp 2)
 
 
-def test_split_hf_checkpoint_loads_into_the_shards(four, reference_state) -> None:
-    for got in four:
+def test_split_hf_checkpoint_loads_into_the_shards(four_results, reference_state) -> None:
+    for got in four_results:
         assert got["weights"].keys() == reference_state.keys()
         for name, value in reference_state.items():
             assert torch.equal(got["weights"][name], value), name
 
 
-def test_gradients_and_clipping_norm_equal_one_process(four, one_process) -> None:
-    for got in four:
+def test_gradients_and_clipping_norm_equal_one_process(four_results, one_process) -> None:
+    for got in four_results:
         assert_close_by_name(got["grads"], one_process["grads"])
         assert float(got["norm"]) == pytest.approx(float(one_process["norm"]), rel=1e-5)

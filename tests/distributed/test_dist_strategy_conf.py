@@ -79,3 +79,40 @@ def test_lightning_autocast_on_top_of_the_fsdp2_policy_is_refused_naming_the_val
                         enable_model_summary=False)
     with pytest.raises(ValueError, match=r"trainer.precision='bf16-mixed'.*param_dtype"):
         trainer.strategy.setup(trainer)
+
+
+def test_unit_by_unit_init_equals_one_device_init(one_rank_group) -> None:
+    """The strategy materialises a meta model unit by unit as it shards; the same seed gives the same
+    initial weights as building the model on one device (so runs compare across layouts)."""
+    torch.manual_seed(3)
+    want = LuminaModel(tiny_config()).state_dict()
+    config = ParallelConfig()
+    with torch.device("meta"):
+        model = LuminaModel(tiny_config())
+    torch.manual_seed(3)
+    parallelize(model, build_meshes(config.resolve(1), "cpu"), config, OFFICIAL_PLAN, torch.device("cpu"))
+    got = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
+@pytest.mark.parametrize(("sp", "world", "match"), [
+    (0, 2, r"ParallelConfig.sp=0: must be an integer >= 1"),
+    (3, 2, r"ParallelConfig.sp=3 does not divide the world size 2"),
+])
+def test_a_bad_sequence_parallel_size_is_refused_naming_it(sp, world, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        ParallelConfig(sp=sp).resolve(world)
+
+
+@pytest.mark.parametrize(("sp", "heads", "kv_heads", "match"), [
+    (3, 4, 2, r"strategy.parallel.sp=3 does not divide num_attention_heads=4"),
+    (2, 6, 3, r"strategy.parallel.sp=2 and num_key_value_heads=3: one must divide the other"),
+])
+def test_heads_that_sp_cannot_split_are_refused(sp, heads, kv_heads, match) -> None:
+    from lumina.distributed.sequence import check_heads
+
+    with pytest.raises(ValueError, match=match):
+        check_heads(sp, heads, kv_heads)
+    check_heads(4, 8, 2)  # fewer kv heads than sp: replicated, allowed
