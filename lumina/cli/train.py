@@ -1,7 +1,9 @@
 """`lumina-train`: the Hydra entry point (also `python -m lumina.train`).
 
 Configuration mistakes end the process with one line on stderr and exit status 2; set HYDRA_FULL_ERROR=1
-for the full traceback instead. `estimate_memory=true` prints the step-memory estimate of the composed config
+for the full traceback instead. In a multi-process job every rank exits with that status, the line comes
+from rank 0 only (the configuration is the same on every rank), and the process group is shut down first,
+so no rank aborts at interpreter exit; a failed participation check is reported the same way (status 1). `estimate_memory=true` prints the step-memory estimate of the composed config
 instead of training (`lumina.training.memory_estimate.report_memory`): exit status 0, or 2 with one error
 line when it exceeds `memory_budget_gib`."""
 
@@ -12,6 +14,7 @@ import sys
 from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+FULL_ERROR_ENV = "LUMINA_FULL_ERROR"  # HYDRA_FULL_ERROR as the user set it
 
 
 def config_errors() -> tuple[type[BaseException], ...]:
@@ -22,6 +25,27 @@ def config_errors() -> tuple[type[BaseException], ...]:
     from lumina.training.errors import ConfigError
 
     return (ConfigError, HydraException, OmegaConfBaseException, ValueError, FileNotFoundError)
+
+
+def reported_errors() -> tuple[type[BaseException], ...]:
+    """Configuration errors and the participation check's error: both raised alike on every rank."""
+    from lumina.distributed.participation import ParticipationError
+
+    return (*config_errors(), ParticipationError)
+
+
+def shut_down_distributed() -> int:
+    """Destroy the default process group if one is running (its gloo threads would abort interpreter exit);
+    returns this process's global rank (from the launcher's environment when no group runs)."""
+    import torch.distributed as dist
+
+    from lumina.distributed.launch import launch_rank
+
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        return rank
+    return launch_rank()
 
 
 def one_line(error: BaseException) -> str:
@@ -48,7 +72,7 @@ def main() -> None:
                 report_memory(cfg)
             else:
                 run(cfg)
-        except config_errors() as error:
+        except reported_errors() as error:
             if full_traceback:
                 raise
             failures.append(error)  # reported below; Hydra would log a multi-line report
@@ -60,18 +84,23 @@ def main() -> None:
     except ValueError as error:
         print(f"lumina-train: error: {error}", file=sys.stderr)
         sys.exit(2)
-    full_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    # the user's choice, kept for the ranks a launcher starts (they inherit the HYDRA_FULL_ERROR set below)
+    os.environ.setdefault(FULL_ERROR_ENV, os.environ.get("HYDRA_FULL_ERROR", "0"))
+    full_traceback = os.environ[FULL_ERROR_ENV] == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let composition errors reach us instead of Hydra's report
     try:
         _app()
-    except config_errors() as error:
+    except reported_errors() as error:
         if full_traceback:
             raise
         failures.append(error)
-    for error in failures:
-        print(f"lumina-train: error: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
-    if failures:
-        sys.exit(2)
+    if not failures:
+        return
+    if shut_down_distributed() == 0:
+        for error in failures:
+            print(f"lumina-train: error: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)",
+                  file=sys.stderr)
+    sys.exit(2 if any(isinstance(error, config_errors()) for error in failures) else 1)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,85 @@
+"""`lumina-train` with sequence parallelism: sp=2 on 2 ranks logs the losses of one process on the same packs;
+and a job that fails (a bad sp, heads sp cannot split, a failed participation check) after its process group
+started ends every rank with a non-zero status, the error printed once and no abort at interpreter exit."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dist_helpers import free_port
+
+QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "callbacks.progress_bar=null",
+         "data.sources.0.options.num_samples=64", "data.sources.0.options.val_samples=4"]
+SP2 = ["strategy=fsdp_ep", "trainer.devices=2", "strategy.parallel.sp=2"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lumina.train", *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    (metrics,) = run_dir.glob("csv/*/metrics.csv")
+    return [float(row["train/loss"]) for row in csv.DictReader(metrics.open()) if row.get("train/loss")]
+
+
+def test_sp2_logs_the_losses_of_one_process(tmp_path: Path) -> None:
+    common = ["trainer.max_steps=4", "logger=csv", *QUIET]
+    one = _train([*common, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    sp2 = _train([*SP2, *common, f"hydra.run.dir={tmp_path / 'sp2'}"], tmp_path)
+    assert sp2.returncode == 0, sp2.stderr[-3000:]
+    want, got = _losses(tmp_path / "one"), _losses(tmp_path / "sp2")
+    assert len(want) == 4 and want[-1] < want[0]
+    assert got == pytest.approx(want, abs=1e-4)
+
+
+def _launch_ranks(args: list[str], cwd: Path, world: int = 2) -> list[subprocess.CompletedProcess]:
+    """`world` separate lumina-train processes, rendezvous as torchrun would set it up (one output each)."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                   LOCAL_RANK=str(rank), GROUP_RANK="0", LOCAL_WORLD_SIZE=str(world), TORCHELASTIC_RUN_ID="test")
+        procs.append(subprocess.Popen([sys.executable, "-m", "lumina.train", *args], cwd=cwd, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + 240
+    out = []
+    for proc in procs:
+        try:
+            stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, None))
+    return out
+
+
+@pytest.mark.parametrize(("overrides", "status", "message"), [
+    (["strategy.parallel.sp=3"], 2, "ParallelConfig.sp=3 does not divide the world size 2"),
+    (["strategy.parallel.sp=2", "model.config.num_attention_heads=6", "model.config.num_key_value_heads=3"], 2,
+     "strategy.parallel.sp=2 and num_key_value_heads=3: one must divide the other"),
+    (["strategy.parallel.sp=2", "strategy.parallel.conditional_rule=false"], 1,
+     "conditional modules disagree across ranks before backward"),
+], ids=["sp_not_dividing_world", "sp_not_splitting_heads", "participation_check"])
+def test_a_failing_job_ends_every_rank_cleanly_with_one_error_line(tmp_path: Path, overrides, status,
+                                                                   message) -> None:
+    ranks = _launch_ranks(["strategy=fsdp_ep", "trainer.devices=2", "trainer.max_steps=2", "logger=none", *QUIET,
+                           *overrides, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    output = "".join(r.stdout for r in ranks)
+    assert [r.returncode for r in ranks] == [status, status], output[-3000:]  # no signal (negative status)
+    assert output.count("lumina-train: error:") == 1 and message in output, output[-3000:]
+    assert "Traceback" not in output and "terminate called" not in output, output[-3000:]
