@@ -60,7 +60,7 @@ Where gradients dominate the rise the estimate runs high (small config, S = 512:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lumina.model.config import LuminaConfig, checkpoint_policy
@@ -337,6 +337,7 @@ class MemoryEstimate:
     shard: int = 1
     ep: int = 1
     activation_parts: tuple[tuple[str, int], ...] = ()
+    sp: int = 1  # sequence-parallel size: seq_len is then this rank's share of the pack
 
     @property
     def peak(self) -> int:
@@ -357,7 +358,8 @@ class MemoryEstimate:
     def table(self, budget_gib: float | None = None) -> str:
         """A small text table of the parts (GiB), the peak and, with a budget, the fit verdict."""
         ranks = "1 rank" if self.shard == 1 else f"FSDP shard {self.shard}, ep {self.ep}"
-        lines = [f"memory estimate: seq_len {self.seq_len}, gradient_checkpointing={self.policy}, "
+        length = f"seq_len {self.seq_len}" if self.sp == 1 else f"{self.seq_len} rows per rank (sp {self.sp})"
+        lines = [f"memory estimate: {length}, gradient_checkpointing={self.policy}, "
                  f"{self.precision.name}, {ranks}",
                  f"  {'part':<18} {'GiB':>9}  notes"]
 
@@ -454,7 +456,9 @@ def memory_budget_gib(cfg: Any) -> float | None:
 
 def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
     """The estimate of a composed lumina-train config: model, data.seq_len, trainer.precision, AdamW, and
-    strategy.parallel (shard / ep sizes, activation_checkpointing) when the strategy has one."""
+    strategy.parallel (shard / ep sizes, activation_checkpointing) when the strategy has one. Under sequence
+    parallelism a rank holds seq_len / sp rows of the pack, and attention's heads / sp over all of them cost
+    what all heads over its own rows would, so the estimate is that of a pack of seq_len / sp rows."""
     from lumina.training.build import model_config, plain
     from lumina.training.errors import ConfigError
 
@@ -464,18 +468,19 @@ def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
     unknown = sorted(set(pack) - set(PACK_KEYS))
     if unknown:
         raise ConfigError(f"memory_pack.{unknown[0]}: unknown key (expected one of {PACK_KEYS})")
-    rows = PackRows.assume(seq_len, **pack)
-    policy, shard, ep, param_dtype = config.gradient_checkpointing, 1, 1, None
+    policy, shard, ep, sp, param_dtype = config.gradient_checkpointing, 1, 1, 1, None
     parallel = (cfg.get("strategy") or {}).get("parallel")
     if parallel is not None:
         from lumina.distributed.config import ParallelConfig
 
         sizes = ParallelConfig(**plain(parallel)).resolve(_world_size(cfg.trainer))
-        shard, ep, param_dtype = sizes.shard, sizes.ep, parallel.get("param_dtype")
+        shard, ep, sp, param_dtype = sizes.shard, sizes.ep, sizes.sp, parallel.get("param_dtype")
         if parallel.get("activation_checkpointing") and policy == "none":
             policy = "full"  # what FSDP2ExpertParallelStrategy sets
+    seq_len = -(-seq_len // sp)  # this rank's rows
+    rows = PackRows.assume(seq_len, **pack)
     precision = Precision.of(cfg.trainer.get("precision", "32-true"), param_dtype)
-    return estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep)
+    return replace(estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep), sp=sp)
 
 
 def _world_size(trainer: Any) -> int:

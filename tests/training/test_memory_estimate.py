@@ -189,3 +189,8 @@ def test_config_estimate_follows_the_strategy_and_the_pack(tmp_path: Path) -> No
     assert text_only.activations < single.activations
     with pytest.raises(ConfigError, match=r"memory_pack.no_such_key: unknown key"):
         estimate_from_cfg(compose_train([*base, "+memory_pack.no_such_key=1"]))
+    fsdp2 = [*base, "strategy=fsdp_ep", "trainer.devices=2"]
+    sp2 = estimate_from_cfg(compose_train([*fsdp2, "strategy.parallel.sp=2"]))
+    half = estimate_from_cfg(compose_train([*fsdp2, "data.seq_len=512"]))
+    assert (sp2.sp, sp2.seq_len) == (2, 512)  # a rank holds half the pack's rows
+    assert sp2.activations == half.activations < single.activations
