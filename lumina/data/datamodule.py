@@ -3,10 +3,9 @@
 Data-parallel rank r of W trains pack `cursor + r` of the epoch plan at each step (see `lumina.data.plan`).
 The data-parallel layout is the strategy's `distributed_sampler_kwargs` (Lightning's convention), else the
 whole world: expert parallelism shares tokens, not data; the ranks of a sequence-parallel group form one
-data-parallel rank and receive the same pack. The cursor advances only when a
-training step finishes (`PackCursorCallback.on_train_batch_end`, which the module installs into the
-trainer in `setup`), so batches the loop or the workers prefetched but never trained are not lost on
-resume. `state_dict()` (saved with every Lightning checkpoint) holds (epoch, cursor); after a restart the
+data-parallel rank and receive the same pack. The cursor advances only when a training step finishes
+(`PackCursorCallback.on_train_batch_end`, which the module installs into the trainer in `setup`), so
+batches the loop or the workers prefetched but never trained are not lost on resume. `state_dict()` (saved with every Lightning checkpoint) holds (epoch, cursor); after a restart the
 next `iter()` of the train loader continues from the cursor, re-dealt if the world size changed.
 
 The trainer must be built with `use_distributed_sampler=False` (the pack sampler already deals per rank).
