@@ -1,7 +1,7 @@
 """Streaming pixel encoding for `lumina-data build`: rows whose parts name image files become rows of codes.
 
 Rows arrive in manifest order and leave in the same order. They are taken in chunks of at least `batch_size`
-frames; a chunk's files are read (`lumina.data.pixels.read_image`) in this process (workers=0) or by a pool of
+frames (at most 8 x batch_size rows); a chunk's files are read (`lumina.data.pixels.read_image`) in this process (workers=0) or by a pool of
 `workers` forked processes, which read the next chunk while this process encodes the current one. Images are
 encoded `batch_size` at a time; each video through `encode_video`. A file that cannot be read marks its row
 failed (`PendingRow.error`, naming the part and the file); the other rows go on. The codes do not depend on
@@ -97,12 +97,13 @@ class FrameReader:
 
 
 def _chunks(rows: Iterable[PendingRow], frames_per_chunk: int) -> Iterator[list[PendingRow]]:
+    """Consecutive rows holding >= frames_per_chunk frames (or 8x as many rows, for rows without images)."""
     chunk: list[PendingRow] = []
     frames = 0
     for row in rows:
         chunk.append(row)
         frames += sum(len(p.files) for _, _, p in row.pixel_parts)
-        if frames >= frames_per_chunk:
+        if frames >= frames_per_chunk or len(chunk) >= 8 * frames_per_chunk:
             yield chunk
             chunk, frames = [], 0
     if chunk:
