@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lumina.data.tokenizers.visual import VisualTokenizer, VisualTokenizerRecord
+from lumina.data.tokenizers.visual import VisualTokenizer, VisualTokenizerRecord, check_unchanged
 
 TEXT_FILE = "tokenizer.json"
 VISUAL_DIR = "visual_tokenizer"
@@ -68,6 +68,15 @@ class DatasetAssets:
             visual = None if a.visual_tokenizer is None else replace(a.visual_tokenizer, path="")
             return (None if a.text_tokenizer is None else a.text_tokenizer.fingerprint), visual
         return key(self) == key(other)
+
+    def check_unchanged(self) -> None:
+        """Raises if the tokenizer files (resolved paths) are no longer the ones recorded."""
+        text = self.text_tokenizer
+        if text is not None and file_digest(text.path) != text.fingerprint:
+            raise ValueError(f"text tokenizer {text.path} changed since the data was built: recorded fingerprint "
+                             f"{text.fingerprint}, the file has {file_digest(text.path)}")
+        if self.visual_tokenizer is not None:
+            check_unchanged(self.visual_tokenizer)
 
     def describe(self) -> str:
         text = "none" if self.text_tokenizer is None else self.text_tokenizer.path

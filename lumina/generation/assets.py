@@ -14,12 +14,7 @@ from lumina.data.assets import VISUAL_DIR
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.data.tokenizers.text import HFTokenizer, TextTokenizer, WordTokenizer, special_tokens_of
-from lumina.data.tokenizers.visual import (
-    VisualTokenizer,
-    VisualTokenizerRecord,
-    check_fits_model,
-    load_visual_tokenizer,
-)
+from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model, load_visual_tokenizer
 from lumina.model.config import LuminaConfig
 
 
@@ -95,8 +90,7 @@ def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaCo
         else:
             return None
     visual = load_visual_tokenizer(spec, device=device)
-    check_fits_model(VisualTokenizerRecord.of(visual, spec), config.num_codebooks, config.codebook_size,
-                     f"image_tokenizer={spec}")
+    check_fits_model(visual, config.num_codebooks, config.codebook_size, f"image_tokenizer={spec}")
     return visual
 
 

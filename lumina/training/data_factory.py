@@ -113,10 +113,14 @@ def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetA
         if other is not None and not other.same_as(found):
             raise ConfigError(f"data.sources[{index}]: its shards record other tokenizers than {what} "
                               f"({found.describe()} vs {other.describe()})")
+    try:
+        found.check_unchanged()
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"data.sources[{index}]: {exc}") from exc
     if found.visual_tokenizer is not None:
         try:
             check_fits_model(found.visual_tokenizer, model.num_codebooks, model.codebook_size,
-                             f"data.sources[{index}]")
+                             f"data.sources[{index}] ({found.visual_tokenizer.path})")
         except ValueError as exc:
             raise ConfigError(f"{exc}: set model.config.num_codebooks / codebook_size") from exc
     return found

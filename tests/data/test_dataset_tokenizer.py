@@ -66,8 +66,9 @@ def test_a_tokenizer_that_does_not_code_the_models_codebooks_is_refused(tmp_path
     train, val = write_dataset(tmp_path, fitted(64, 4))
     model = LuminaConfig.tiny(**model_sizes)
     c, k = model.num_codebooks, model.codebook_size
-    with pytest.raises(ConfigError, match=rf"data.sources\[0\]: the visual tokenizer rvq at .* has num_codebooks=4, "
-                                          rf"codebook_size=64; the model has num_codebooks={c}, codebook_size={k}"):
+    with pytest.raises(ConfigError, match=rf"data.sources\[0\] \(.*visual_tokenizer\): the visual tokenizer rvq has "
+                                          rf"num_codebooks=4, codebook_size=64; the model has num_codebooks={c}, "
+                                          rf"codebook_size={k}"):
         build_datamodule(config(train, val), model)
 
 
@@ -83,3 +84,15 @@ def test_explicit_pad_id_is_still_checked(tmp_path):
     train, val = write_dataset(tmp_path, fitted(64, 4))
     with pytest.raises(ConfigError, match=r"data.pad_id=7: the data's pad token is 0"):
         build_datamodule({**config(train, val), "pad_id": 7}, LuminaConfig.tiny())
+
+
+def test_tokenizer_files_replaced_after_the_build_are_refused(tmp_path):
+    train, val = write_dataset(tmp_path, fitted(64, 4))
+    fitted(64, 4, seed=5).save(tmp_path / "visual_tokenizer")  # another fit over the dataset's copy
+    with pytest.raises(ConfigError, match=r"data.sources\[0\]: visual tokenizer at .*visual_tokenizer changed since "
+                                          r"the data was built"):
+        build_datamodule(config(train, val), LuminaConfig.tiny())
+    train, val = write_dataset(tmp_path / "b", fitted(64, 4))
+    (tmp_path / "b" / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"text tokenizer .*tokenizer.json changed since the data was built"):
+        build_datamodule(config(train, val), LuminaConfig.tiny())

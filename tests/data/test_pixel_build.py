@@ -22,7 +22,7 @@ from lumina.data.pixels import to_signed
 from lumina.data.storage import ParquetSampleDataset
 from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.data.tokenizers.visual import load_recorded
+from lumina.data.tokenizers.visual import check_unchanged, directory_fingerprint, load_visual_tokenizer
 
 SIZE = 16
 
@@ -132,7 +132,8 @@ def test_shards_record_the_tokenizer_that_made_them(tmp_path, manifests, tokens,
     assert (record.name, record.num_codebooks, record.codebook_size, record.patch_size, record.image_size) == \
         ("rvq", 3, 16, 4, SIZE)
     assert record.path == str(moved / "visual_tokenizer") and ds.assets.text_tokenizer is None
-    assert torch.equal(load_recorded(record).rvq.codebooks, tokenizer.rvq.codebooks)
+    check_unchanged(record)  # the moved files are the recorded ones
+    assert torch.equal(load_visual_tokenizer(record.path).rvq.codebooks, tokenizer.rvq.codebooks)
 
 
 BAD = {  # file part -> what the error says (after 'files.jsonl:<line>: turns[1].parts[0]')
@@ -202,7 +203,7 @@ def test_cli_build_with_image_tokenizer(tmp_path, manifests, tokenizer, capsys):
     assert code == 0 and "wrote 7 rows to 1 shards" in capsys.readouterr().out
     ds = ParquetSampleDataset(tmp_path / "out")
     assert (ds.tokens.codebook_size, ds.tokens.num_codebooks) == (16, 3)  # the tokenizer's, not 4096 x 8
-    assert ds.assets.visual_tokenizer.fingerprint == tokenizer.fingerprint()
+    assert ds.assets.visual_tokenizer.fingerprint == directory_fingerprint(tmp_path / "tok")  # the same files
     code = cli_main(["build", str(files), "--out", str(tmp_path / "out2"), "--image-tokenizer", str(tmp_path / "tok"),
                      "--num-codebooks", "8"])
     assert code == 2

@@ -21,7 +21,6 @@ naming what is missing.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import math
@@ -142,10 +141,6 @@ class ATokenTokenizer:
         return pixels[:, :, 0].float().cpu().clamp(-1, 1)
 
     # ---- files ----
-    def fingerprint(self) -> str:
-        doc = json.dumps([self.weights, self.image_size, self.num_codebooks, self.codebook_size, self.patch_size])
-        return hashlib.sha256(doc.encode()).hexdigest()[:16]
-
     def save(self, directory: str | Path) -> Path:
         """visual_tokenizer.json only: it points at the weights (never copied)."""
         directory = Path(directory)

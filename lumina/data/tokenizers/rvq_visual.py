@@ -12,7 +12,6 @@ every held-out pixel. Videos are coded frame by frame (temporal patch 1: grid t 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict
@@ -86,12 +85,6 @@ class RVQVisualTokenizer:
     def decode(self, codes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """[B, h * w, C] or [h * w, C] -> [B, 3, h * P, w * P] in [-1, 1]."""
         return self.rvq.decode(codes, *grid)
-
-    def fingerprint(self) -> str:
-        digest = hashlib.sha256(json.dumps(asdict(self.rvq.settings), sort_keys=True).encode())
-        digest.update(str(self.image_size).encode())
-        digest.update(self.rvq.codebooks.numpy().tobytes())
-        return digest.hexdigest()[:16]
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)

@@ -7,14 +7,16 @@ A visual tokenizer works on square images of `image_size` px cut into `patch_siz
 Implementations: `RVQVisualTokenizer` (the built-in residual VQ, fitted on your images, CPU) and
 `ATokenTokenizer` (the official model's AToken, when its package and weights are present).
 
-On disk a tokenizer is a directory holding `visual_tokenizer.json` ({"name", "version", ...}) plus its
-weights; `load_visual_tokenizer` reads one back by its name. A dataset built with a tokenizer saves a copy
-beside its shards and records `VisualTokenizerRecord` (name, version, C, K, patch, image size, path and a
-content fingerprint) in every shard's metadata, so that training, evaluation and generation find it.
+On disk a tokenizer is a directory holding `visual_tokenizer.json` ({"name", "version", ..., "weights"}) plus,
+for the built-in one, its weights file; `load_visual_tokenizer` reads one back by its name. A dataset built with
+a tokenizer saves a copy beside its shards and records `VisualTokenizerRecord` (name, version, C, K, patch,
+image size, path and the fingerprint of those files) in every shard's metadata, so that training, evaluation
+and generation find it, and notice when the files there were replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -40,15 +42,23 @@ class VisualTokenizer(Protocol):
 
     def decode(self, codes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor: ...
 
-    def fingerprint(self) -> str: ...
-
     def save(self, directory: str | Path) -> Path: ...
+
+
+def directory_fingerprint(directory: str | Path) -> str:
+    """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and, when its "weights" is a file in
+    the directory, of that file: identical files, identical fingerprint."""
+    digest = hashlib.sha256((Path(directory) / CONFIG_FILE).read_bytes())
+    weights = Path(directory) / str(read_config(directory).get("weights", ""))
+    if weights.is_file() and weights.parent.resolve() == Path(directory).resolve():
+        digest.update(weights.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class VisualTokenizerRecord:
     """What a dataset records of its visual tokenizer. `path`: the saved tokenizer directory (relative to the
-    shard's directory inside shard metadata, resolved when read); `fingerprint`: the tokenizer's content hash."""
+    shard's directory inside shard metadata, resolved when read); `fingerprint`: `directory_fingerprint` of it."""
 
     name: str
     version: int
@@ -60,9 +70,10 @@ class VisualTokenizerRecord:
     fingerprint: str
 
     @classmethod
-    def of(cls, tokenizer: VisualTokenizer, path: str | Path) -> VisualTokenizerRecord:
+    def of(cls, tokenizer: VisualTokenizer, directory: str | Path) -> VisualTokenizerRecord:
+        """The record of `tokenizer` saved in `directory`."""
         return cls(tokenizer.name, tokenizer.version, tokenizer.num_codebooks, tokenizer.codebook_size,
-                   tokenizer.patch_size, tokenizer.image_size, str(path), tokenizer.fingerprint())
+                   tokenizer.patch_size, tokenizer.image_size, str(directory), directory_fingerprint(directory))
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> VisualTokenizerRecord:
@@ -75,20 +86,17 @@ class VisualTokenizerRecord:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def same_tokenizer(self, other: VisualTokenizerRecord) -> bool:
-        """Equal in everything but where the files lie."""
-        return {**self.to_json(), "path": ""} == {**other.to_json(), "path": ""}
-
     def describe(self) -> str:
         return (f"{self.name} v{self.version} ({self.num_codebooks} codebooks of {self.codebook_size} codes, "
                 f"patch {self.patch_size}, {self.image_size} px, fingerprint {self.fingerprint}) at {self.path}")
 
 
-def check_fits_model(record: VisualTokenizerRecord, num_codebooks: int, codebook_size: int, where: str) -> None:
+def check_fits_model(tokenizer: VisualTokenizer | VisualTokenizerRecord, num_codebooks: int, codebook_size: int,
+                     where: str) -> None:
     """The model must predict exactly the tokenizer's codes: C and K equal; raises naming both values."""
-    if (record.num_codebooks, record.codebook_size) != (num_codebooks, codebook_size):
-        raise ValueError(f"{where}: the visual tokenizer {record.name} at {record.path} has num_codebooks="
-                         f"{record.num_codebooks}, codebook_size={record.codebook_size}; the model has "
+    if (tokenizer.num_codebooks, tokenizer.codebook_size) != (num_codebooks, codebook_size):
+        raise ValueError(f"{where}: the visual tokenizer {tokenizer.name} has num_codebooks="
+                         f"{tokenizer.num_codebooks}, codebook_size={tokenizer.codebook_size}; the model has "
                          f"num_codebooks={num_codebooks}, codebook_size={codebook_size} (they must match)")
 
 
@@ -121,11 +129,10 @@ def load_visual_tokenizer(spec: str | Path, device: str = "cpu") -> VisualTokeni
                      f"{RVQVisualTokenizer.name!r} or {ATokenTokenizer.name!r}")
 
 
-def load_recorded(record: VisualTokenizerRecord, device: str = "cpu") -> VisualTokenizer:
-    """The tokenizer a dataset recorded; raises if the files at `record.path` are no longer that tokenizer."""
-    tokenizer = load_visual_tokenizer(record.path, device=device)
-    found = VisualTokenizerRecord.of(tokenizer, record.path)
-    if not found.same_tokenizer(record):
+def check_unchanged(record: VisualTokenizerRecord) -> None:
+    """Raises if the files at `record.path` are not the ones recorded (compares fingerprints; loads nothing)."""
+    found = directory_fingerprint(record.path)
+    if found != record.fingerprint:
         raise ValueError(f"visual tokenizer at {record.path} changed since the data was built: recorded "
-                         f"{record.describe()}, found {found.describe()}")
-    return tokenizer
+                         f"fingerprint {record.fingerprint}, the files there have {found}")
+
