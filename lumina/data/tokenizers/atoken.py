@@ -51,8 +51,9 @@ class ATokenTokenizer:
         self.patch_size, self.temporal_patch = patch_size, temporal_patch
 
     @classmethod
-    def from_pretrained(cls, weights: str | Path, image_size: int = 256, device: str = "cuda") -> ATokenTokenizer:
-        """The AToken module of the installed `atoken` package with the weights at `weights`."""
+    def from_pretrained(cls, weights: str | Path, image_size: int = 256, device: str = "auto") -> ATokenTokenizer:
+        """The AToken module of the installed `atoken` package with the weights at `weights`, on `device`
+        ("auto": CUDA when available)."""
         missing = []
         try:
             package = importlib.import_module(PACKAGE)
@@ -68,6 +69,8 @@ class ATokenTokenizer:
         if loader is None:
             raise ATokenUnavailable(f"the installed {PACKAGE!r} package has no from_pretrained(weights); see "
                                     "lumina/data/tokenizers/atoken.py for the assumed interface")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         return cls(loader(str(weights)).to(device).eval(), image_size, str(weights))
 
     @property
@@ -152,6 +155,6 @@ class ATokenTokenizer:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, device: str = "cuda") -> ATokenTokenizer:
+    def load(cls, directory: str | Path, device: str = "auto") -> ATokenTokenizer:
         doc = read_config(directory)
         return cls.from_pretrained(doc["weights"], doc["image_size"], device=device)

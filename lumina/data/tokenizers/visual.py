@@ -112,8 +112,9 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     return doc
 
 
-def load_visual_tokenizer(spec: str | Path, device: str = "cpu") -> VisualTokenizer:
-    """'builtin' (the built-in world's tokenizer) or a saved tokenizer directory -> the tokenizer."""
+def load_visual_tokenizer(spec: str | Path, device: str = "auto") -> VisualTokenizer:
+    """'builtin' (the built-in world's tokenizer) or a saved tokenizer directory -> the tokenizer. device: where
+    a tokenizer with a network runs (AToken; "auto" = CUDA when available); the built-in one runs on the CPU."""
     from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 
     if str(spec) == BUILTIN:
