@@ -1,14 +1,25 @@
-"""`lumina-data`: build and inspect sample shards.
+"""`lumina-data`: build and inspect sample shards, fit the built-in image tokenizer on your images.
 
     lumina-data build MANIFEST.jsonl... --out DIR [--tokenizer tokenizer.json] [--special-tokens official|tokenizer]
-                      [--codebook-size 4096] [--num-codebooks 8] [--on-error raise|skip] [--rows-per-shard N]
+                      [--codebook-size K] [--num-codebooks C] [--on-error raise|skip] [--rows-per-shard N]
+                      [--image-tokenizer builtin|DIR] [--batch-size 64] [--workers 0] [--[no-]progress]
+    lumina-data build --imagefolder DIR --image-tokenizer builtin|DIR --out OUT [--tasks t2i,caption]
+                      [--val-fraction 0.1] [--split-seed 0] [--caption-prompt TEXT] [--tokenizer tokenizer.json]
+    lumina-data fit-tokenizer IMAGE_OR_DIR... --out DIR [--codebooks 4] [--codebook-size 64] [--patch 4]
+                      [--image-size 32] [--heldout 0.1] [--seed 0] [--kmeans-iters 20] [--max-patches 200000]
+                      [--workers 0]
     lumina-data world --out DIR [--split train] [--num-samples 2000] [--seed 0] [--codebook-size 64]
                       [--num-codebooks 4] [--patch-size 4] [--cache-dir DIR]
     lumina-data info SHARD_OR_DIR...
 
-`build` converts JSONL manifests (schema: `lumina.data.build`) to Parquet shards; `world` writes the built-in
-dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints row counts,
-settings and length statistics. Bad input ends the process with one line on stderr and exit status 2.
+`build` converts JSONL manifests (schema: `lumina.data.build`) or an image folder (`lumina.data.imagefolder`:
+OUT/train and OUT/val) to Parquet shards; image and video files are encoded by the visual tokenizer, which is
+saved beside the shards (OUT/visual_tokenizer/, with the text tokenizer as OUT/tokenizer.json) and recorded in
+them. Without --tokenizer an image folder's captions get a word-level vocabulary of their own words.
+`fit-tokenizer` fits the built-in residual-VQ tokenizer on image files and reports its held-out PSNR; `world`
+writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
+row counts, settings, recorded tokenizers and length statistics. Bad input ends the process with one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -17,31 +28,110 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+DEFAULT_CODEBOOKS = (4096, 8)  # (codebook_size, num_codebooks) without a visual tokenizer: the official ones
 
-def _tokens(args: argparse.Namespace, tokenizer: object | None):
+
+def _sizes(args: argparse.Namespace, visual: object | None) -> tuple[int, int]:
+    """(codebook_size, num_codebooks): the visual tokenizer's, which explicit flags must agree with."""
+    if visual is None:
+        return (args.codebook_size or DEFAULT_CODEBOOKS[0], args.num_codebooks or DEFAULT_CODEBOOKS[1])
+    for flag, given, own in (("--codebook-size", args.codebook_size, visual.codebook_size),
+                             ("--num-codebooks", args.num_codebooks, visual.num_codebooks)):
+        if given is not None and given != own:
+            raise ValueError(f"{flag}={given} disagrees with the visual tokenizer {args.image_tokenizer} ({own})")
+    return visual.codebook_size, visual.num_codebooks
+
+
+def _tokens(args: argparse.Namespace, tokenizer: object | None, sizes: tuple[int, int], own_vocabulary: bool):
     from lumina.data.special_tokens import SpecialTokens
     from lumina.data.tokenizers.text import special_tokens_of
 
-    if args.special_tokens == "tokenizer":
+    codebook_size, num_codebooks = sizes
+    if args.special_tokens == "tokenizer" or own_vocabulary:
         if tokenizer is None:
             raise ValueError("--special-tokens tokenizer needs --tokenizer")
-        return special_tokens_of(tokenizer, args.codebook_size, args.num_codebooks)
-    return SpecialTokens.official().replace(codebook_size=args.codebook_size, num_codebooks=args.num_codebooks)
+        return special_tokens_of(tokenizer, codebook_size, num_codebooks)
+    return SpecialTokens.official().replace(codebook_size=codebook_size, num_codebooks=num_codebooks)
+
+
+def _progress(enabled: bool) -> Callable[[int], None] | None:
+    """A frames-encoded counter on stderr (rich, refreshed by hand: no thread alive when workers fork)."""
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("encoding images: {task.completed} frames"), TimeElapsedColumn(),
+                   console=Console(stderr=True), auto_refresh=False)
+    task = bar.add_task("encode", total=None)
+    bar.start()
+
+    def advance(frames: int) -> None:
+        bar.advance(task, frames)
+        bar.refresh()
+    return advance
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from lumina.data.build import build_shards
-    from lumina.data.tokenizers.text import HFTokenizer
+    from lumina.data.assets import TEXT_FILE, save_assets
+    from lumina.data.build import build_rows, build_shards
+    from lumina.data.imagefolder import caption_words, metadata_rows, split_rows
+    from lumina.data.ingest import PixelEncoder
+    from lumina.data.tokenizers.text import HFTokenizer, WordTokenizer
+    from lumina.data.tokenizers.visual import load_visual_tokenizer
 
+    if bool(args.manifests) == bool(args.imagefolder):
+        raise ValueError("give manifests or --imagefolder DIR (one of the two)")
+    visual = load_visual_tokenizer(args.image_tokenizer) if args.image_tokenizer else None
+    if args.imagefolder and visual is None:
+        raise ValueError("--imagefolder needs --image-tokenizer builtin|DIR (a directory from fit-tokenizer)")
+    out = Path(args.out)
+    text_path = args.tokenizer
     tokenizer = HFTokenizer(args.tokenizer) if args.tokenizer else None
-    report = build_shards(args.manifests, args.out, _tokens(args, tokenizer), tokenizer=tokenizer,
-                          on_error=args.on_error, rows_per_shard=args.rows_per_shard, source=args.source)
-    for s in report.skipped:
-        print(f"skipped {s.manifest}:{s.line}: {s.reason}", file=sys.stderr)
-    print(f"wrote {report.rows_written} rows to {len(report.shards)} shards in {args.out}; "
-          f"skipped {report.rows_skipped} rows")
+    if args.imagefolder:
+        rows = metadata_rows(args.imagefolder)
+        if tokenizer is None:  # a vocabulary of the captions' own words
+            tokenizer = WordTokenizer(caption_words(rows, args.caption_prompt))
+            text_path = tokenizer.save(out / TEXT_FILE)
+    tokens = _tokens(args, tokenizer, _sizes(args, visual), isinstance(tokenizer, WordTokenizer))
+    assets = save_assets(out, text_path, visual)
+    pixels = None if visual is None else PixelEncoder(
+        visual, args.batch_size, args.workers, _progress(sys.stderr.isatty() if args.progress is None
+                                                         else args.progress))
+    common = dict(tokens=tokens, tokenizer=tokenizer, on_error=args.on_error, rows_per_shard=args.rows_per_shard,
+                  source=args.source, pixels=pixels, assets=assets)
+    if args.imagefolder:
+        tasks = [t for t in args.tasks.split(",") if t]
+        splits = split_rows(rows, tasks, args.val_fraction, args.split_seed, args.caption_prompt)
+        reports = {split: build_rows(split_rows_, out / split, **common) for split, split_rows_ in splits.items()}
+    else:
+        reports = {"": build_shards(args.manifests, out, **common)}
+    for split, report in reports.items():
+        for s in report.skipped:
+            print(f"skipped {s.manifest}:{s.line}: {s.reason}", file=sys.stderr)
+        print(f"wrote {report.rows_written} rows to {len(report.shards)} shards in {out / split}; "
+              f"skipped {report.rows_skipped} rows")
+    return 0
+
+
+def cmd_fit_tokenizer(args: argparse.Namespace) -> int:
+    from lumina.data.fit_tokenizer import fit_on_files
+    from lumina.data.pixels import image_files
+    from lumina.data.tokenizers.image_rvq import RVQSettings
+
+    settings = RVQSettings(patch_size=args.patch, codebook_size=args.codebook_size, num_codebooks=args.codebooks,
+                           kmeans_iters=args.kmeans_iters, seed=args.seed)
+    files = image_files(args.images)
+    tokenizer, report = fit_on_files(files, settings, args.image_size, args.heldout, args.max_patches, args.workers)
+    tokenizer.save(args.out)
+    held = report["heldout_psnr_db"]
+    print(f"fitted {tokenizer.num_codebooks} codebooks of {tokenizer.codebook_size} codes (patch {tokenizer.patch_size}, "
+          f"{tokenizer.image_size} px) on {report['train_images']} images -> {args.out}")
+    print(f"reconstruction PSNR: held-out {report['heldout_images']} images "
+          + ("n/a" if held is None else f"{held:.2f} dB") + f", train {report['train_psnr_db']:.2f} dB")
     return 0
 
 
@@ -70,7 +160,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     lengths = ds.laid_out_lengths()
     print(json.dumps({
         "shards": [str(p) for p in ds.paths], "rows": len(ds),
-        "special_tokens": dataclasses.asdict(ds.tokens),
+        "special_tokens": dataclasses.asdict(ds.tokens), "tokenizers": ds.assets.to_json(),
         "laid_out_length": {c: {"min": int(lengths[:, k].min()), "mean": float(lengths[:, k].mean()),
                                 "max": int(lengths[:, k].max())} for k, c in enumerate(LENGTH_COLUMNS)}
         if len(ds) else {},
@@ -81,18 +171,41 @@ def cmd_info(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lumina-data", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="JSONL manifests -> Parquet shards")
-    b.add_argument("manifests", nargs="+")
+    b = sub.add_parser("build", help="JSONL manifests or an image folder -> Parquet shards")
+    b.add_argument("manifests", nargs="*")
     b.add_argument("--out", required=True)
     b.add_argument("--tokenizer", help="HF tokenizer.json for text parts given as strings")
     b.add_argument("--special-tokens", choices=("official", "tokenizer"), default="official",
                    help="official ids, or the ids the --tokenizer vocabulary defines")
-    b.add_argument("--codebook-size", type=int, default=4096)
-    b.add_argument("--num-codebooks", type=int, default=8)
+    b.add_argument("--codebook-size", type=int, help="default: the visual tokenizer's, else 4096")
+    b.add_argument("--num-codebooks", type=int, help="default: the visual tokenizer's, else 8")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise")
     b.add_argument("--rows-per-shard", type=int, default=4096)
     b.add_argument("--source", default="default", help="source name for rows without one")
+    b.add_argument("--image-tokenizer", help="'builtin' or a directory from fit-tokenizer: encodes image files")
+    b.add_argument("--batch-size", type=int, default=64, help="images per encode call")
+    b.add_argument("--workers", type=int, default=0, help="processes reading image files (0: this one)")
+    b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr (default: when stderr is a terminal)")
+    b.add_argument("--imagefolder", help="a folder of images + metadata.jsonl (file_name, text)")
+    b.add_argument("--tasks", default="t2i,caption", help="imagefolder: samples made of each image")
+    b.add_argument("--val-fraction", type=float, default=0.1, help="imagefolder: share of images held out")
+    b.add_argument("--split-seed", type=int, default=0)
+    b.add_argument("--caption-prompt", default="describe the image .", help="imagefolder: the caption task's prompt")
     b.set_defaults(func=cmd_build)
+    f = sub.add_parser("fit-tokenizer", help="fit the built-in image tokenizer on image files")
+    f.add_argument("images", nargs="+", help="image files or directories (PNG, JPEG, WebP)")
+    f.add_argument("--out", required=True)
+    f.add_argument("--codebooks", type=int, default=4)
+    f.add_argument("--codebook-size", type=int, default=64)
+    f.add_argument("--patch", type=int, default=4)
+    f.add_argument("--image-size", type=int, default=32)
+    f.add_argument("--heldout", type=float, default=0.1, help="share of images held out for the PSNR report")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--kmeans-iters", type=int, default=20)
+    f.add_argument("--max-patches", type=int, default=200_000, help="patches sampled for k-means (seeded)")
+    f.add_argument("--workers", type=int, default=0, help="processes reading image files")
+    f.set_defaults(func=cmd_fit_tokenizer)
     w = sub.add_parser("world", help="write the built-in scene-world dataset")
     w.add_argument("--out", required=True)
     w.add_argument("--split", default="train", choices=("train", "val", "test"))

@@ -13,7 +13,15 @@ line number):
           {"kind": "image", "path": "tok/0001.pt"},  an official token file, relative to the manifest
           {"kind": "image", "codes": [[c0, .., cC-1], ...], "grid": [h, w]},          inline codes [N, C]
           {"kind": "video", "path": "v.pt"}, {"kind": "mesh3d", "path": "m.pt", "grid": [z, y, x]}
+          {"kind": "image", "file": "cats/01.png"},      an image file (PNG, JPEG, WebP), relative to the manifest
+          {"kind": "video", "files": ["f0.png", ...]}    a video as its frame files, in order
         ]}]}
+
+Image and video files need a visual tokenizer (`pixels=PixelEncoder(tokenizer, ...)`, CLI `--image-tokenizer
+builtin|DIR`): they are read as `lumina.data.pixels` describes (RGB, EXIF orientation, short side resized to
+the tokenizer's size, centre crop; smaller images refused) and encoded streaming, in batches
+(`lumina.data.ingest`); the grid is the tokenizer's. A missing, unreadable, truncated or too small file is a bad
+row like any other.
 
 Token files are dicts saved with `torch.save`, holding "indices" (int [N, C]) and "coords" (int [N, k]); they
 are read with `torch.load(..., weights_only=True)` (never plain pickle). Coordinate conventions (origin 0,
@@ -24,22 +32,26 @@ cells must appear in row-major order of the grid, other columns constant):
 A "grid" given next to a "path" must equal the grid the coords describe. Codes must lie in
 [0, codebook_size) and have C = num_codebooks columns.
 
-Errors (missing fields, bad roles, out-of-range codes, grid/coords mismatch, unreadable token files,
+Errors (missing fields, bad roles, out-of-range codes, grid/coords mismatch, unreadable token or image files,
 duplicate ids, samples the layout rejects) raise `BuildError` naming the manifest file and line (and the
-token file). With on_error="skip" the row is skipped instead, and every skipped row is counted and listed in
-the `BuildReport` (and `build_report.json` next to the shards). Nothing is dropped silently.
+token or image file). With on_error="skip" the row is skipped instead, and every skipped row is counted and
+listed in the `BuildReport` (and `build_report.json` next to the shards). Nothing is dropped silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from lumina.data.assets import DatasetAssets
+from lumina.data.ingest import PendingRow, PixelEncoder, PixelPart
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import LengthFn, ShardWriter
@@ -148,8 +160,32 @@ def _int_list(value: Any, where: str) -> list[int]:
     return value
 
 
+PIXEL_KEYS = {"image": "file", "video": "files"}  # the key that holds a media kind's image files
+
+
+def parse_pixel_part(part: dict, kind: str, where: str, base_dir: Path, pixels: bool) -> PixelPart:
+    """An {"kind": "image", "file"} / {"kind": "video", "files"} part -> PixelPart (files checked to exist)."""
+    key = PIXEL_KEYS.get(kind)
+    if key is None or key not in part:
+        raise _RowError(f"{where}: a {kind} part takes " + (f"its image files as {key!r}" if key else
+                                                            "no image files (a token file or codes)"))
+    if not pixels:
+        raise _RowError(f"{where}.{key}: image files need a visual tokenizer (pass --image-tokenizer builtin|DIR)")
+    if "grid" in part:
+        raise _RowError(f"{where}.grid: the grid of image files is the visual tokenizer's; drop 'grid'")
+    names = [_require(part, key, str, where)] if kind == "image" else _require(part, key, list, where)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise _RowError(f"{where}.{key}={str(names)[:80]}: expected a non-empty list of file names")
+    files = tuple(Path(n) if Path(n).is_absolute() else base_dir / n for n in names)
+    for n, f in enumerate(files):
+        if not f.is_file():
+            at = f"{where}.{key}" + (f"[{n}]" if kind == "video" else "")
+            raise _RowError(f"{at}: image file {f} does not exist")
+    return PixelPart(kind, files, where)
+
+
 def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
-               tokenizer: TextTokenizer | None) -> Text | Media:
+               tokenizer: TextTokenizer | None, pixels: bool = False) -> Text | Media | PixelPart:
     if not isinstance(part, dict):
         raise _RowError(f"{where}={part!r}: expected an object")
     kind = _require(part, "kind", str, where)
@@ -172,11 +208,15 @@ def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
         return Text(list(ids))
     if kind not in GRID_RANK:
         raise _RowError(f"{where}.kind={kind!r}: expected 'text' or one of {sorted(GRID_RANK)}")
+    sources = [k for k in ("path", "codes", "file", "files") if k in part]
+    if len(sources) != 1:
+        pixels_key = f" or {PIXEL_KEYS[kind]!r}" if kind in PIXEL_KEYS else ""
+        raise _RowError(f"{where}: a {kind} part needs exactly one of 'path', 'codes'{pixels_key}, got {sources}")
+    if sources[0] in ("file", "files"):
+        return parse_pixel_part(part, kind, where, base_dir, pixels)
     grid = None
     if "grid" in part:
         grid = tuple(_int_list(part["grid"], f"{where}.grid"))
-    if ("path" in part) == ("codes" in part):
-        raise _RowError(f"{where}: a {kind} part needs exactly one of 'path' or 'codes'")
     if "path" in part:
         path = Path(_require(part, "path", str, where))
         codes, found = load_token_file(path if path.is_absolute() else base_dir / path, kind)
@@ -204,7 +244,7 @@ def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
 
 
 def parse_row(obj: Any, base_dir: Path, tokens: SpecialTokens, tokenizer: TextTokenizer | None,
-              default_source: str) -> Sample:
+              default_source: str, pixels: bool = False) -> Sample:
     if not isinstance(obj, dict):
         raise _RowError(f"row is {type(obj).__name__}; expected a JSON object")
     sid = _require(obj, "id", str, "row")
@@ -223,23 +263,23 @@ def parse_row(obj: Any, base_dir: Path, tokens: SpecialTokens, tokenizer: TextTo
         if role not in ROLES:
             raise _RowError(f"{where}.role={role!r}: expected one of {ROLES}")
         parts = _require(turn, "parts", list, where)
-        turns.append(Turn(role, [parse_part(p, f"{where}.parts[{j}]", base_dir, tokens, tokenizer)
+        turns.append(Turn(role, [parse_part(p, f"{where}.parts[{j}]", base_dir, tokens, tokenizer, pixels)
                                  for j, p in enumerate(parts)]))
     return Sample(sid, turns, source=source)
 
 
-def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: SpecialTokens,
-                 tokenizer: TextTokenizer | None = None, length_fn: LengthFn | None = None,
-                 on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
-                 source: str = "default") -> BuildReport:
-    """Build Parquet shards under `out_dir` from JSONL manifests (see the module docstring).
+@dataclass
+class RawRow:
+    """One manifest row before parsing: its file and 1-based line, and the decoded JSON (or why it is not)."""
 
-    on_error="raise": the first bad row raises BuildError('file:line: reason'); "skip": bad rows are skipped
-    and listed in the report. The report is also written to out_dir/build_report.json."""
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
-    report = BuildReport()
-    writer = ShardWriter(out_dir, tokens, length_fn, rows_per_shard)
+    file: Path
+    line: int
+    obj: Any = None
+    error: str | None = None
+
+
+def manifest_rows(manifests: list[str | Path]) -> Iterator[RawRow]:
+    """The non-blank lines of JSONL manifests, in order."""
     for manifest in map(Path, manifests):
         if not manifest.is_file():
             raise FileNotFoundError(f"manifest {manifest} does not exist")
@@ -248,20 +288,65 @@ def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: Speci
                 if not line.strip():
                     continue
                 try:
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise _RowError(f"invalid JSON: {exc}") from exc
-                    sample = parse_row(obj, manifest.parent, tokens, tokenizer, source)
-                    try:
-                        writer.write(sample)  # validates, computes laid-out lengths (the layout's checks)
-                    except ValueError as exc:
-                        raise _RowError(str(exc)) from exc
-                except _RowError as exc:
-                    message = f"{manifest}:{line_no}: {exc}"
-                    if on_error == "raise":
-                        raise BuildError(message) from exc  # shards already flushed stay; no report
-                    report.skipped.append(Skipped(str(manifest), line_no, str(exc)))
+                    row = RawRow(manifest, line_no, json.loads(line))
+                except json.JSONDecodeError as exc:
+                    row = RawRow(manifest, line_no, error=f"invalid JSON: {exc}")
+                yield row
+
+
+def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: SpecialTokens,
+                 tokenizer: TextTokenizer | None = None, length_fn: LengthFn | None = None,
+                 on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
+                 source: str = "default", pixels: PixelEncoder | None = None,
+                 assets: DatasetAssets | None = None) -> BuildReport:
+    """Build Parquet shards under `out_dir` from JSONL manifests (see the module docstring).
+
+    on_error="raise": the first bad row raises BuildError('file:line: reason'); "skip": bad rows are skipped
+    and listed in the report. The report is also written to out_dir/build_report.json. pixels: the encoder of
+    image / video file parts; assets: the tokenizers to record in every shard (see `lumina.data.assets`)."""
+    return build_rows(manifest_rows(manifests), out_dir, tokens, tokenizer, length_fn, on_error, rows_per_shard,
+                      source, pixels, assets)
+
+
+def build_rows(rows: Iterable[RawRow], out_dir: str | Path, tokens: SpecialTokens,
+               tokenizer: TextTokenizer | None = None, length_fn: LengthFn | None = None,
+               on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
+               source: str = "default", pixels: PixelEncoder | None = None,
+               assets: DatasetAssets | None = None) -> BuildReport:
+    """`build_shards` over rows from any producer (manifests, an image folder)."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+    if pixels is not None and (pixels.tokenizer.codebook_size, pixels.tokenizer.num_codebooks) != \
+            (tokens.codebook_size, tokens.num_codebooks):
+        raise ValueError(f"the visual tokenizer codes {pixels.tokenizer.num_codebooks} codebooks of "
+                         f"{pixels.tokenizer.codebook_size}; the special tokens say num_codebooks="
+                         f"{tokens.num_codebooks}, codebook_size={tokens.codebook_size}")
+
+    def parse(raw: RawRow) -> PendingRow:
+        if raw.error is not None:
+            return PendingRow(raw, None, _RowError(raw.error))
+        try:
+            return PendingRow(raw, parse_row(raw.obj, raw.file.parent, tokens, tokenizer, source, pixels is not None))
+        except _RowError as exc:
+            return PendingRow(raw, None, exc)
+
+    pending: Iterator[PendingRow] = (parse(raw) for raw in rows)
+    if pixels is not None:
+        pending = pixels(pending)
+    report = BuildReport()
+    writer = ShardWriter(out_dir, tokens, length_fn, rows_per_shard, assets=assets)
+    with contextlib.closing(pending) as stream:  # closing stops the pixel readers on an error
+        for row in stream:
+            reason = None if row.error is None else str(row.error)
+            if reason is None:
+                try:
+                    writer.write(row.sample)  # validates, computes laid-out lengths (the layout's checks)
+                except ValueError as exc:
+                    reason = str(exc)
+            if reason is not None:
+                if on_error == "raise":
+                    raise BuildError(f"{row.key.file}:{row.key.line}: {reason}")  # flushed shards stay; no report
+                report.skipped.append(Skipped(str(row.key.file), row.key.line, reason))
     report.shards = [str(p) for p in writer.close()]
     report.rows_written = writer.num_rows
     Path(out_dir, "build_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader
 
+from lumina.data.assets import DatasetAssets, copy_assets
 from lumina.data.dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
 from lumina.data.packing import OVERLONG_POLICIES
 from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
@@ -52,8 +54,8 @@ class DataConfig:
     persistent_workers: bool = True
     prefetch_factor: int | None = None
     overlong: str = "error"  # OverlongPolicy: "error" | "skip" (a plain str so OmegaConf can type it)
-    pad_id: int = PAD_TOKEN_ID
-    num_codebooks: int = 8
+    pad_id: int | None = PAD_TOKEN_ID  # None: the data's own (resolved by the data factory)
+    num_codebooks: int | None = 8      # None: the data's own
     sources: list[SourceSpec] = field(default_factory=list)
     noise: dict[str, Any] = field(default_factory=dict)
     val_noise_t: float = 0.5
@@ -67,7 +69,7 @@ class DataConfig:
             raise ValueError(f"DataConfig.num_workers={self.num_workers}: must be >= 0")
         if self.overlong not in OVERLONG_POLICIES:
             raise ValueError(f"DataConfig.overlong={self.overlong!r}: expected one of {OVERLONG_POLICIES}")
-        if self.num_codebooks <= 0:
+        if self.num_codebooks is not None and self.num_codebooks <= 0:
             raise ValueError(f"DataConfig.num_codebooks={self.num_codebooks}: must be positive")
         if self.samples_per_epoch is not None and self.samples_per_epoch <= 0:
             raise ValueError(f"DataConfig.samples_per_epoch={self.samples_per_epoch}: must be positive or null")
@@ -105,10 +107,14 @@ class LuminaDataModule(L.LightningDataModule):
     """Train / validation loaders of collated packs (B = 1, `batch_size=None`), one stream per DP rank."""
 
     def __init__(self, config: DataConfig, train_source: PackSource,
-                 val_source: PackSource | None = None) -> None:
+                 val_source: PackSource | None = None, assets: DatasetAssets | None = None) -> None:
         super().__init__()
+        if config.pad_id is None or config.num_codebooks is None:
+            raise ValueError(f"DataConfig.pad_id={config.pad_id}, num_codebooks={config.num_codebooks}: resolve them "
+                             "from the data first (lumina.training.data_factory does)")
         self.config = config
         self.train_source, self.val_source = train_source, val_source
+        self.assets = assets  # the tokenizers the data records (copied into the HF export)
         self.schedule = PackSchedule(train_source.lengths, config.seq_len, config.seed,
                                      config.overlong, train_source.sample_id)  # type: ignore[arg-type]
         self.cursor_callback = PackCursorCallback(self.schedule)
@@ -181,6 +187,10 @@ class LuminaDataModule(L.LightningDataModule):
     def steps_left(self) -> int:
         """Training steps every rank still runs in the epoch in progress."""
         return steps_left(self.schedule.plan().num_packs, self.schedule.cursor, self.world_size)
+
+    def export_assets(self, directory: str | Path) -> list[Path]:
+        """Copy the data's tokenizers into `directory` (an HF export): tokenizer.json, visual_tokenizer/."""
+        return [] if self.assets is None else copy_assets(self.assets, directory)
 
     # --- checkpointing ---
 

@@ -12,8 +12,10 @@ Row schema (plain Arrow types, readable by any Arrow tool):
     len_keep, len_drop_text, len_drop_image, len_drop_both   int32
                                          laid-out lengths for the four CFG-dropout variants, so packing
                                          plans from these columns without decoding payloads
-File metadata key b"lumina" holds JSON {"format", "version", "special_tokens": SpecialTokens fields}; readers
-compare it with the settings they expect and refuse a mismatch (ids, codebook size, C, vocab sizes).
+File metadata key b"lumina" holds JSON {"format", "version", "special_tokens": SpecialTokens fields, "assets"};
+readers compare it with the settings they expect and refuse a mismatch (ids, codebook size, C, vocab sizes).
+"assets" (optional) records the text and visual tokenizers the shards were built with (`DatasetAssets`, paths
+relative to the shard's directory); every shard of a dataset must record the same ones.
 
 Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]`,
 `sample_ids() -> list[str]`, `tokens` (the SpecialTokens the lengths were computed with).
@@ -34,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lumina.data.assets import DatasetAssets
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 
@@ -126,13 +129,15 @@ def row_to_sample(row: dict, num_codebooks: int, where: str = "row") -> Sample:
 
 
 # ---- metadata ----
-def settings_metadata(tokens: SpecialTokens) -> dict[bytes, bytes]:
+def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None) -> dict[bytes, bytes]:
+    """assets: paths already relative to the shard's directory."""
     doc = {"format": FORMAT, "version": VERSION, "special_tokens": dataclasses.asdict(tokens)}
+    if assets is not None:
+        doc["assets"] = assets.to_json()
     return {METADATA_KEY: json.dumps(doc, sort_keys=True).encode()}
 
 
-def read_settings(path: str | Path) -> SpecialTokens:
-    """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
+def _metadata(path: str | Path) -> dict:
     meta = pq.read_schema(path).metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")
@@ -140,7 +145,18 @@ def read_settings(path: str | Path) -> SpecialTokens:
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{path}: format={doc.get('format')!r} version={doc.get('version')!r}, "
                          f"expected {FORMAT!r} version {VERSION}")
-    return SpecialTokens(**doc["special_tokens"])
+    return doc
+
+
+def read_settings(path: str | Path) -> SpecialTokens:
+    """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
+    return SpecialTokens(**_metadata(path)["special_tokens"])
+
+
+def read_assets(path: str | Path) -> DatasetAssets:
+    """The tokenizers a shard records, paths resolved against its directory (empty when it records none)."""
+    doc = _metadata(path).get("assets")
+    return DatasetAssets() if doc is None else DatasetAssets.from_json(doc, str(path)).resolved_from(Path(path).parent)
 
 
 def settings_mismatch(found: SpecialTokens, expected: SpecialTokens) -> list[str]:
@@ -154,10 +170,12 @@ class ShardWriter:
     """Writes samples to `out_dir/{prefix}-00000.parquet`, ... with `rows_per_shard` rows each.
 
     Every sample is validated against `tokens`; ids must be unique within the writer; lengths come from
-    `length_fn` (default: the layout's `laid_out_length`). Use as a context manager or call `close()`."""
+    `length_fn` (default: the layout's `laid_out_length`); `assets` (absolute paths) are recorded in every shard.
+    Use as a context manager or call `close()`."""
 
     def __init__(self, out_dir: str | Path, tokens: SpecialTokens, length_fn: LengthFn | None = None,
-                 rows_per_shard: int = 4096, row_group_size: int = 256, prefix: str = "shard"):
+                 rows_per_shard: int = 4096, row_group_size: int = 256, prefix: str = "shard",
+                 assets: DatasetAssets | None = None):
         if rows_per_shard <= 0 or row_group_size <= 0:
             raise ValueError(f"rows_per_shard={rows_per_shard}, row_group_size={row_group_size}: must be positive")
         self.out_dir = Path(out_dir)
@@ -167,6 +185,7 @@ class ShardWriter:
         self.rows_per_shard = rows_per_shard
         self.row_group_size = row_group_size
         self.prefix = prefix
+        self.metadata = settings_metadata(tokens, None if assets is None else assets.relative_to(self.out_dir))
         self.paths: list[Path] = []
         self.num_rows = 0
         self._rows: list[dict] = []
@@ -186,8 +205,7 @@ class ShardWriter:
     def _flush(self) -> None:
         if not self._rows:
             return
-        table = pa.Table.from_pylist(self._rows, schema=SCHEMA).replace_schema_metadata(
-            settings_metadata(self.tokens))
+        table = pa.Table.from_pylist(self._rows, schema=SCHEMA).replace_schema_metadata(self.metadata)
         path = self.out_dir / f"{self.prefix}-{len(self.paths):05d}.parquet"
         pq.write_table(table, path, row_group_size=self.row_group_size, compression="zstd")
         self.paths.append(path)
@@ -258,7 +276,8 @@ class ParquetSampleDataset:
     """Random access to Parquet sample shards. Lengths and ids are read eagerly from their own columns;
     payloads are decoded per row group on demand (a small LRU cache of row groups).
 
-    tokens: the settings the caller expects; a shard written with other settings raises ValueError."""
+    tokens: the settings the caller expects; a shard written with other settings raises ValueError.
+    assets: the tokenizers the shards record (`DatasetAssets`, paths resolved), the same in every shard."""
 
     def __init__(self, paths: str | Path | Sequence[str | Path], tokens: SpecialTokens | None = None,
                  cache_row_groups: int = 16):
@@ -271,6 +290,12 @@ class ParquetSampleDataset:
                     raise ValueError(f"{path}: special-token/codebook settings differ from {what}: "
                                      + "; ".join(settings_mismatch(stored, reference)))
         self.tokens = found
+        self.assets = read_assets(self.paths[0])
+        for path in self.paths[1:]:
+            stored = read_assets(path)
+            if not stored.same_as(self.assets):
+                raise ValueError(f"{path}: records other tokenizers than {self.paths[0]}: {stored.describe()} vs "
+                                 f"{self.assets.describe()}")
         self._groups: list[tuple[int, int, int]] = []  # (shard, row group, first global row)
         self._shard_starts: list[int] = []
         lengths, ids = [], []

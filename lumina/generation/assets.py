@@ -1,5 +1,6 @@
-"""What generation needs besides the weights: the text tokenizer, the special tokens, and (for the built-in
-world) the image tokenizer that turns codes into pixels and pixels into codes."""
+"""What generation needs besides the weights: the text tokenizer, the special tokens, and the visual tokenizer
+that turns codes into pixels and pixels into codes (the built-in world's, or the one a checkpoint trained on
+your own data carries in `visual_tokenizer/`)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lumina.data.assets import VISUAL_DIR
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.tokenizers.image_rvq import RVQImageTokenizer
+from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.data.tokenizers.text import HFTokenizer, TextTokenizer, WordTokenizer, special_tokens_of
+from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model, load_visual_tokenizer
 from lumina.model.config import LuminaConfig
 
 
 @dataclass
 class GenerationAssets:
-    """image_tokenizer: None when the checkpoint's codes need a decoder lumina does not have (AToken)."""
+    """image_tokenizer: None when no visual tokenizer is at hand (codes are then written as token files)."""
 
     text_tokenizer: TextTokenizer
     tokens: SpecialTokens
-    image_tokenizer: RVQImageTokenizer | None
+    image_tokenizer: VisualTokenizer | None
     name: str
 
 
@@ -45,22 +48,23 @@ def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float3
     return model.eval()
 
 
-def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig) -> GenerationAssets:
+def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, image_tokenizer: str = "auto",
+                device: str = "cpu") -> GenerationAssets:
     """tokenizer: "world" (the built-in world tokenizers), a tokenizer.json path, or "auto" (the checkpoint's
-    tokenizer.json when it has one, else the built-in world)."""
+    tokenizer.json when it has one, else the built-in world). image_tokenizer: "auto" (the checkpoint's
+    visual_tokenizer/ when it has one, else the built-in world's with tokenizer=world, else none), "none",
+    "builtin" or a saved tokenizer directory; its codebooks must be the model's."""
     directory = Path(checkpoint)
     if tokenizer == "auto":
         tokenizer = str(directory / "tokenizer.json") if (directory / "tokenizer.json").is_file() else "world"
+    visual = _visual_tokenizer(directory, image_tokenizer, tokenizer == "world", config, device)
     if tokenizer == "world":
-        from lumina.data.world.dataset import (
-            cached_world_image_tokenizer,
-            world_special_tokens,
-            world_text_tokenizer,
-        )
+        from lumina.data.world.dataset import world_special_tokens, world_text_tokenizer
 
-        text, image = world_text_tokenizer(), cached_world_image_tokenizer()
+        text = world_text_tokenizer()
+        image = visual or RVQVisualTokenizer.builtin()
         _check_fits(config, text.vocab_size, image.codebook_size, image.num_codebooks)
-        return GenerationAssets(text, world_special_tokens(text, image), image, "world")
+        return GenerationAssets(text, world_special_tokens(text, image), visual, "world")
     path = Path(tokenizer)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer={tokenizer!r}: no such tokenizer file")
@@ -71,7 +75,23 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig) ->
     overrides = {} if "<|pad|>" in text.special_ids else {"pad": config.pad_token_id}
     tokens = special_tokens_of(text, config.codebook_size, config.num_codebooks,
                                image_vocab_size=config.image_vocab_size, **overrides)
-    return GenerationAssets(text, tokens, None, str(path))
+    return GenerationAssets(text, tokens, visual, str(path))
+
+
+def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaConfig,
+                      device: str) -> VisualTokenizer | None:
+    if spec == "none":
+        return None
+    if spec == "auto":
+        if (checkpoint / VISUAL_DIR).is_dir():
+            spec = str(checkpoint / VISUAL_DIR)
+        elif world:
+            return RVQVisualTokenizer.builtin()
+        else:
+            return None
+    visual = load_visual_tokenizer(spec, device=device)
+    check_fits_model(visual, config.num_codebooks, config.codebook_size, f"image_tokenizer={spec}")
+    return visual
 
 
 def _check_fits(config: LuminaConfig, vocab: int, codebook_size: int, num_codebooks: int) -> None:

@@ -1,8 +1,9 @@
 """`run(cfg)`: what `lumina-generate` does with a composed `conf/generate.yaml`.
 
-task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when the codes can be decoded (built-in
-                     tokenizer), else code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]};
-                     <out>/answers.jsonl lists every prompt and its file
+task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when a visual tokenizer decodes the codes (the
+                     built-in world's, or the checkpoint's visual_tokenizer/ from its training data), else
+                     code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]}; t2i answers default to
+                     the tokenizer's image size; <out>/answers.jsonl lists every prompt and its file
 task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
 task=eval          -> the built-in world evaluation: <out>/eval.json + <out>/samples.png
 """
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lumina.data.pixels import read_image, to_signed
 from lumina.data.schema import Media, Part, Text
+from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.generation.assets import GenerationAssets, load_assets, load_model
 from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
@@ -25,7 +28,7 @@ from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
 
-DEFAULT_GRID = (8, 8)  # the built-in world's 32 x 32 px images in 4 px patches
+DEFAULT_GRID = (8, 8)  # without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
 TASKS = ("t2i", "edit", "understand", "text", "eval")
 
 
@@ -37,7 +40,8 @@ def run(cfg: DictConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     device = _device(cfg.device)
     model = load_model(cfg.checkpoint, device=device, dtype=cfg.dtype)
-    assets = load_assets(cfg.checkpoint, cfg.tokenizer, model.config)
+    assets = load_assets(cfg.checkpoint, cfg.tokenizer, model.config, str(cfg.get("image_tokenizer", "auto")),
+                         device)
     text_cfg = TextSamplingConfig(**_plain(cfg.text))
     image_cfg = ImageSamplingConfig(**_plain(cfg.image))
     if task == "eval":
@@ -55,7 +59,7 @@ def run(cfg: DictConfig) -> Path:
         pictures = []
         for i, (r, answer) in enumerate(zip(requests, answers, strict=True)):
             if assets.image_tokenizer is not None:
-                picture = assets.image_tokenizer.decode(answer.codes, *answer.grid)[0]
+                picture = assets.image_tokenizer.decode(answer.codes, answer.grid)[0]
                 pictures.append(picture)
                 path = out / f"image_{i}.png"
                 save_png((picture + 1) / 2, path)
@@ -73,13 +77,14 @@ def run(cfg: DictConfig) -> Path:
 
 def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, text_cfg: TextSamplingConfig,
               image_cfg: ImageSamplingConfig, out: Path) -> Path:
-    if assets.name != "world":
-        raise ValueError(f"task=eval runs on the built-in world; the checkpoint uses tokenizer {assets.name!r}")
+    if assets.name != "world" or not isinstance(assets.image_tokenizer, RVQVisualTokenizer):
+        raise ValueError(f"task=eval runs on the built-in world and its image tokenizer; the checkpoint uses "
+                         f"tokenizer {assets.name!r}")
     node = cfg.eval
     edit_cfg = ImageSamplingConfig(**{**asdict(image_cfg), "cfg_scale": float(node.edit_cfg_scale)})
     config = WorldEvalConfig(split=node.split, num_items=int(node.num_items), seed=int(node.seed),
                              text=text_cfg, image=image_cfg, edit_image=edit_cfg)
-    result = evaluate_world(model, build_eval_set(config, assets.image_tokenizer), config)
+    result = evaluate_world(model, build_eval_set(config, assets.image_tokenizer.rvq), config)
     (out / "eval.json").write_text(json.dumps({"metrics": result.metrics, "answers": result.answers},
                                               indent=1) + "\n")
     if result.grid is not None:
@@ -134,14 +139,23 @@ def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: 
                          "an 'image' key in prompts_file)")
     parts.append(Text(assets.text_tokenizer.encode(request["prompt"])))
     if image_answer:
-        grid = tuple(int(g) for g in cfg.grid) if cfg.get("grid") else grid or DEFAULT_GRID
+        grid = tuple(int(g) for g in cfg.grid) if cfg.get("grid") else grid or default_grid(assets)
     system = assets.text_tokenizer.encode(cfg.system) if cfg.get("system") else None
     return Prompt(parts, system=system, key=index, grid=grid if image_answer else None)
 
 
+def default_grid(assets: GenerationAssets) -> tuple[int, int]:
+    """The answer grid of t2i: the visual tokenizer's image size in cells (else DEFAULT_GRID)."""
+    tokenizer = assets.image_tokenizer
+    if tokenizer is None:
+        return DEFAULT_GRID
+    side = tokenizer.image_size // tokenizer.patch_size
+    return side, side
+
+
 def load_image(path: str, assets: GenerationAssets) -> Media:
-    """A token file (.pt: {"indices": [N, C], "coords": [N, 4 or 5]}, rows/cols from the coords) or, with the
-    built-in tokenizer, a PNG/JPEG (resized to 32 x 32) -> Media."""
+    """A token file (.pt: {"indices": [N, C], "coords": [N, 4 or 5]}, rows/cols from the coords) or, with a visual
+    tokenizer, an image file read like the training data was (`lumina.data.pixels`) and encoded -> Media."""
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"image {path!r}: no such file")
@@ -150,18 +164,12 @@ def load_image(path: str, assets: GenerationAssets) -> Media:
         indices, coords = data["indices"].long(), data["coords"].long()
         h, w = int(coords[:, -3].max()) + 1, int(coords[:, -2].max()) + 1
         return Media("image", indices, (h, w))
-    if assets.image_tokenizer is None:
-        raise ValueError(f"image {path!r}: pixels need the built-in image tokenizer; pass a token file (.pt)")
-    import numpy as np
-    from PIL import Image
-
-    from lumina.data.world.scene import IMAGE_SIZE
-
-    picture = Image.open(file).convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.LANCZOS)
-    pixels = torch.from_numpy(np.asarray(picture).copy()).permute(2, 0, 1).float() / 127.5 - 1
-    codes = assets.image_tokenizer.encode(pixels[None])[0]
-    side = IMAGE_SIZE // assets.image_tokenizer.patch_size
-    return Media("image", codes, (side, side))
+    tokenizer = assets.image_tokenizer
+    if tokenizer is None:
+        raise ValueError(f"image {path!r}: pixels need a visual tokenizer (image_tokenizer=builtin|DIR); or pass "
+                         "a token file (.pt)")
+    codes, grid = tokenizer.encode(to_signed(read_image(file, tokenizer.image_size)[None]))
+    return Media("image", codes[0], tuple(grid))
 
 
 def token_file(codes: torch.Tensor, grid: tuple[int, int]) -> dict[str, torch.Tensor]:

@@ -1,12 +1,16 @@
 """`build_datamodule`: the LuminaDataModule a training config asks for (built-in world and/or Parquet shards,
 one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json's
-special tokens."""
+special tokens. Parquet shards that record their tokenizers (`lumina.data.assets`) give the data module those
+tokenizers, which the HF export copies; their visual tokenizer must code exactly the model's C x K codes.
+`data.pad_id` / `data.num_codebooks` null: the data's own."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from lumina.data.assets import DatasetAssets
 from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.dataset import LayoutSource, MixtureSource
 from lumina.data.mixture import ConcatSampleDataset, MixturePlan
@@ -36,11 +40,14 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
     expected = expected_tokens(tokenizer, config, model) if tokenizer is not None else None
     noise = NoiseConfig(**config.noise)
     trains, vals = {}, {}
+    assets: DatasetAssets | None = None
     for i, spec in enumerate(config.sources):
         if spec.path is None:
             train, val = world_datasets(spec.options, i)
         else:
             train, val = parquet_datasets(spec.path, spec.options, expected, i)
+            assets = check_assets(train, val, model, i, assets)
+        config = resolve_from_data(config, train.tokens)
         check_tokens(train.tokens, config, model, expected)
         trains[spec.name] = train
         if val is not None:
@@ -55,7 +62,7 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
         train_source = MixtureSource(mixture, noise, config.seed)
         val = ConcatSampleDataset(vals) if vals else None
     val_source = None if val is None else LayoutSource(val, noise, config.val_seed, eval_t=config.val_noise_t)
-    return LuminaDataModule(config, train_source, val_source)
+    return LuminaDataModule(config, train_source, val_source, assets=assets)
 
 
 def world_datasets(options: dict[str, Any], index: int = 0):
@@ -86,6 +93,37 @@ def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens
     val_path = options.get("val_path")
     val = ParquetSampleDataset(val_path, tokens=train.tokens) if val_path is not None else None
     return train, val
+
+
+def resolve_from_data(config: DataConfig, found: SpecialTokens) -> DataConfig:
+    """data.pad_id / data.num_codebooks null -> the data's own."""
+    return dataclasses.replace(config, pad_id=found.pad if config.pad_id is None else config.pad_id,
+                               num_codebooks=found.num_codebooks if config.num_codebooks is None
+                               else config.num_codebooks)
+
+
+def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetAssets | None) -> DatasetAssets:
+    """The tokenizers source `index` records: the same in its held-out shards and in earlier sources, and a
+    visual tokenizer with the model's num_codebooks and codebook_size."""
+    from lumina.data.tokenizers.visual import check_fits_model
+
+    found = train.assets
+    for other, what in ((val.assets if val is not None else None, f"data.sources[{index}].options.val_path"),
+                        (previous, "the earlier sources")):
+        if other is not None and not other.same_as(found):
+            raise ConfigError(f"data.sources[{index}]: its shards record other tokenizers than {what} "
+                              f"({found.describe()} vs {other.describe()})")
+    try:
+        found.check_unchanged()
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"data.sources[{index}]: {exc}") from exc
+    if found.visual_tokenizer is not None:
+        try:
+            check_fits_model(found.visual_tokenizer, model.num_codebooks, model.codebook_size,
+                             f"data.sources[{index}] ({found.visual_tokenizer.path})")
+        except ValueError as exc:
+            raise ConfigError(f"{exc}: set model.config.num_codebooks / codebook_size") from exc
+    return found
 
 
 def expected_tokens(tokenizer: str, config: DataConfig, model: LuminaConfig) -> SpecialTokens:

@@ -1,5 +1,6 @@
 """`HFExportCallback`: at the end of training, rank 0 writes the weights as an HF checkpoint directory in the
-official split layout (safetensors + config.json, plus the tokenizer files of the source checkpoint)."""
+official split layout (safetensors + config.json, plus the tokenizer files of the source checkpoint and those the
+training data records: tokenizer.json, visual_tokenizer/)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,6 @@ class HFExportCallback(L.Callback):
                                         dtype=self.dtype,
                                         max_shard_size=self.max_shard_size, source_dir=source_dir,
                                         overwrite=True)
+        export_assets = getattr(trainer.datamodule, "export_assets", None)  # the data's own tokenizers
+        if export_assets is not None:
+            export_assets(self.exported)

@@ -141,9 +141,13 @@ class RVQImageTokenizer:
     @classmethod
     def fit(cls, images: torch.Tensor, settings: RVQSettings = DEFAULT_RVQ) -> RVQImageTokenizer:
         """Fit the C codebooks on images [B, 3, H, W] in [-1, 1], deterministically from settings.seed."""
-        gen = torch.Generator().manual_seed(settings.seed)
         probe = cls(torch.zeros(settings.num_codebooks, settings.codebook_size, 3 * settings.patch_size**2), settings)
-        vectors = probe.patches(images).reshape(-1, 3 * settings.patch_size**2)
+        return cls.fit_vectors(probe.patches(images).reshape(-1, 3 * settings.patch_size**2), settings)
+
+    @classmethod
+    def fit_vectors(cls, vectors: torch.Tensor, settings: RVQSettings = DEFAULT_RVQ) -> RVQImageTokenizer:
+        """Fit the C codebooks on patch vectors [M, 3 * P * P] (as `patches` cuts them), seeded by settings.seed."""
+        gen = torch.Generator().manual_seed(settings.seed)
         points, counts = torch.unique(vectors, dim=0, return_counts=True)
         weights = counts.double()
         points = points.double()

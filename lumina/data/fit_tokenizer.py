@@ -1,0 +1,55 @@
+"""`lumina-data fit-tokenizer IMAGES... --out DIR`: fit the built-in residual-VQ tokenizer on your own images.
+
+The image files are read like a build reads them (`lumina.data.pixels`: RGB, EXIF orientation, short side
+resized to `image_size`, centre crop; a bad file raises naming it), by `workers` processes. A seeded
+round(heldout_fraction * N) of them (at least one when the fraction is > 0 and N >= 2) is held out; the
+tokenizer is fitted on the rest (`fit_rvq`) and its reconstruction PSNR on the held-out images reported.
+Everything is deterministic in (files in order, settings, seed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lumina.data.ingest import FrameReader
+from lumina.data.pixels import PixelError, to_signed
+from lumina.data.tokenizers.image_rvq import RVQSettings
+from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer, fit_rvq
+
+
+def heldout_indices(n: int, fraction: float, seed: int) -> list[int]:
+    """Sorted indices of the held-out images among n (module docstring)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"heldout_fraction={fraction}: must lie in [0, 1)")
+    count = round(fraction * n)
+    if fraction > 0 and n >= 2:
+        count = max(1, count)
+    return sorted(torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count].tolist())
+
+
+def read_images(files: list[Path], size: int, workers: int = 0) -> np.ndarray:
+    """uint8 [N, S, S, 3] of image files, in order; the first unreadable one raises PixelError naming it."""
+    with FrameReader(size, workers) as reader:
+        results = reader.submit([(f,) for f in files])()
+    for result in results:
+        if isinstance(result, PixelError):
+            raise result
+    return np.concatenate(results) if results else np.zeros((0, size, size, 3), np.uint8)
+
+
+def fit_on_files(files: list[Path], settings: RVQSettings, image_size: int, heldout_fraction: float = 0.1,
+                 max_patches: int | None = 200_000, workers: int = 0) -> tuple[RVQVisualTokenizer, dict[str, Any]]:
+    """The fitted tokenizer and its report (fit_rvq's, plus the held-out file names)."""
+    if image_size % settings.patch_size:
+        raise ValueError(f"image_size={image_size}: must be a multiple of patch_size={settings.patch_size}")
+    pixels = to_signed(read_images(files, image_size, workers))
+    held = heldout_indices(len(files), heldout_fraction, settings.seed)
+    keep = torch.ones(len(files), dtype=torch.bool)
+    keep[held] = False
+    tokenizer, report = fit_rvq(pixels[keep], pixels[held], settings, max_patches)
+    report["heldout_files"] = [str(files[i]) for i in held]  # report is tokenizer.report: saved with it
+    return tokenizer, report

@@ -1,0 +1,101 @@
+"""`lumina-data build --imagefolder DIR --tasks t2i,caption`: a folder of captioned images -> train / val shards.
+
+DIR holds the images and `metadata.jsonl`: one JSON object per image with `file_name` (relative to DIR) and
+`text` (its caption), the convention of Hugging Face `datasets`' imagefolder; other keys are ignored. Each image
+becomes one sample per chosen task, named "<file_name>#<task>":
+    t2i      user: the caption                          assistant: the image
+    caption  user: the image, then the caption prompt   assistant: the caption
+The held-out split ("val") takes round(val_fraction * N) of the N images (at least one when val_fraction > 0
+and N >= 2): those whose sha256(f"{seed}:{file_name}") sorts first, so the split does not depend on line order,
+and both tasks of an image land in the same split. The rest is "train". A bad metadata line (not JSON, no
+`file_name` / `text`) or image is a bad row named by `metadata.jsonl` and its line number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from lumina.data.build import RawRow, manifest_rows
+
+METADATA_FILE = "metadata.jsonl"
+TASKS = ("t2i", "caption")
+SPLITS = ("train", "val")
+CAPTION_PROMPT = "describe the image ."
+
+
+def _check_entry(row: RawRow) -> RawRow:
+    """A metadata row with a valid {"file_name", "text"}, or the row marked with why it is not one."""
+    if row.error is not None:
+        return row
+    obj = row.obj
+    for key in ("file_name", "text"):
+        if not isinstance(obj, dict) or not isinstance(obj.get(key), str) or not obj[key].strip():
+            value = obj.get(key) if isinstance(obj, dict) else obj
+            return RawRow(row.file, row.line, error=f"{key}={value!r}: a metadata line needs a non-empty string "
+                                                      f"{key!r}")
+    return row
+
+
+def metadata_rows(directory: str | Path) -> list[RawRow]:
+    """The lines of DIR/metadata.jsonl, each checked to hold a file_name and a text."""
+    path = Path(directory) / METADATA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"imagefolder {directory}: no {METADATA_FILE} (lines of "
+                                '{"file_name": "...", "text": "..."})')
+    return [_check_entry(row) for row in manifest_rows([path])]
+
+
+def caption_words(rows: list[RawRow], caption_prompt: str = CAPTION_PROMPT) -> list[str]:
+    """Every whitespace-separated word of the captions and the caption prompt, sorted (a vocabulary)."""
+    words = set(caption_prompt.split())
+    for row in rows:
+        if row.error is None:
+            words.update(row.obj["text"].split())
+    return sorted(words)
+
+
+def val_files(rows: list[RawRow], val_fraction: float, seed: int) -> set[str]:
+    """The file names of the held-out split (module docstring)."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction={val_fraction}: must lie in [0, 1)")
+    names = sorted({row.obj["file_name"] for row in rows if row.error is None})
+    count = round(val_fraction * len(names))
+    if val_fraction > 0 and len(names) >= 2:
+        count = max(1, count)
+    ranked = sorted(names, key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest())
+    return set(ranked[:count])
+
+
+def task_sample(file_name: str, text: str, task: str, caption_prompt: str) -> dict[str, Any]:
+    """One manifest row (`lumina.data.build` schema) of an image and its caption."""
+    image = {"kind": "image", "file": file_name}
+    if task == "t2i":
+        turns = [{"role": "user", "parts": [{"kind": "text", "text": text}]},
+                 {"role": "assistant", "parts": [image]}]
+    elif task == "caption":
+        turns = [{"role": "user", "parts": [image, {"kind": "text", "text": caption_prompt}]},
+                 {"role": "assistant", "parts": [{"kind": "text", "text": text}]}]
+    else:
+        raise ValueError(f"task={task!r}: expected one of {TASKS}")
+    return {"id": f"{file_name}#{task}", "turns": turns}
+
+
+def split_rows(rows: list[RawRow], tasks: list[str], val_fraction: float = 0.1, seed: int = 0,
+               caption_prompt: str = CAPTION_PROMPT) -> dict[str, list[RawRow]]:
+    """{"train": rows, "val": rows}: each metadata line -> one row per task (bad lines go to train, where the
+    build reports them)."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if not tasks or unknown:
+        raise ValueError(f"tasks={tasks}: expected a non-empty list of {TASKS}")
+    held_out = val_files(rows, val_fraction, seed)
+    out: dict[str, list[RawRow]] = {split: [] for split in SPLITS}
+    for row in rows:
+        if row.error is not None:
+            out["train"].append(row)
+            continue
+        split = "val" if row.obj["file_name"] in held_out else "train"
+        out[split] += [RawRow(row.file, row.line, task_sample(row.obj["file_name"], row.obj["text"], task,
+                                                              caption_prompt)) for task in tasks]
+    return out

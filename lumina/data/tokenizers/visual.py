@@ -1,0 +1,139 @@
+"""`VisualTokenizer`: pixels <-> code grids, and the record a dataset keeps of the tokenizer that made it.
+
+A visual tokenizer works on square images of `image_size` px cut into `patch_size` px cells:
+    encode(pixels [B, 3, S, S] in [-1, 1])   -> codes [B, h * w, C] int64 in [0, K), grid (h, w) = (S/P, S/P)
+    encode_video(frames [T, 3, S, S])        -> codes [t * h * w, C] (ordered t, y, x), grid (t, h, w)
+    decode(codes [B, h * w, C] or [h * w, C], grid (h, w)) -> pixels [B, 3, h * P, w * P] in [-1, 1]
+Implementations: `RVQVisualTokenizer` (the built-in residual VQ, fitted on your images, CPU) and
+`ATokenTokenizer` (the official model's AToken, when its package and weights are present).
+
+On disk a tokenizer is a directory holding `visual_tokenizer.json` ({"name", "version", ..., "weights"}) plus,
+for the built-in one, its weights file; `load_visual_tokenizer` reads one back by its name. A dataset built with
+a tokenizer saves a copy beside its shards and records `VisualTokenizerRecord` (name, version, C, K, patch,
+image size, path and the fingerprint of those files) in every shard's metadata, so that training, evaluation
+and generation find it, and notice when the files there were replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+CONFIG_FILE = "visual_tokenizer.json"
+BUILTIN = "builtin"  # the built-in world's residual VQ (32 x 32 px scenes, 4 codebooks of 64 codes)
+
+
+class VisualTokenizer(Protocol):
+    name: str
+    version: int
+    num_codebooks: int
+    codebook_size: int
+    patch_size: int
+    image_size: int
+
+    def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]: ...
+
+    def encode_video(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]: ...
+
+    def decode(self, codes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor: ...
+
+    def save(self, directory: str | Path) -> Path: ...
+
+
+def directory_fingerprint(directory: str | Path) -> str:
+    """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and, when its "weights" is a file in
+    the directory, of that file: identical files, identical fingerprint."""
+    digest = hashlib.sha256((Path(directory) / CONFIG_FILE).read_bytes())
+    weights = Path(directory) / str(read_config(directory).get("weights", ""))
+    if weights.is_file() and weights.parent.resolve() == Path(directory).resolve():
+        digest.update(weights.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class VisualTokenizerRecord:
+    """What a dataset records of its visual tokenizer. `path`: the saved tokenizer directory (relative to the
+    shard's directory inside shard metadata, resolved when read); `fingerprint`: `directory_fingerprint` of it."""
+
+    name: str
+    version: int
+    num_codebooks: int
+    codebook_size: int
+    patch_size: int
+    image_size: int
+    path: str
+    fingerprint: str
+
+    @classmethod
+    def of(cls, tokenizer: VisualTokenizer, directory: str | Path) -> VisualTokenizerRecord:
+        """The record of `tokenizer` saved in `directory`."""
+        return cls(tokenizer.name, tokenizer.version, tokenizer.num_codebooks, tokenizer.codebook_size,
+                   tokenizer.patch_size, tokenizer.image_size, str(directory), directory_fingerprint(directory))
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> VisualTokenizerRecord:
+        names = [f.name for f in fields(cls)]
+        if not isinstance(doc, dict) or sorted(doc) != sorted(names):
+            got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"{where}: visual tokenizer record has keys {got}, expected {sorted(names)}")
+        return cls(**doc)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"{self.name} v{self.version} ({self.num_codebooks} codebooks of {self.codebook_size} codes, "
+                f"patch {self.patch_size}, {self.image_size} px, fingerprint {self.fingerprint}) at {self.path}")
+
+
+def check_fits_model(tokenizer: VisualTokenizer | VisualTokenizerRecord, num_codebooks: int, codebook_size: int,
+                     where: str) -> None:
+    """The model must predict exactly the tokenizer's codes: C and K equal; raises naming both values."""
+    if (tokenizer.num_codebooks, tokenizer.codebook_size) != (num_codebooks, codebook_size):
+        raise ValueError(f"{where}: the visual tokenizer {tokenizer.name} has num_codebooks="
+                         f"{tokenizer.num_codebooks}, codebook_size={tokenizer.codebook_size}; the model has "
+                         f"num_codebooks={num_codebooks}, codebook_size={codebook_size} (they must match)")
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """The `visual_tokenizer.json` of a saved tokenizer directory."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"visual tokenizer {directory}: no {CONFIG_FILE} there (expected a directory "
+                                f"written by `lumina-data fit-tokenizer`, or '{BUILTIN}')")
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict) or "name" not in doc:
+        raise ValueError(f"{path}: expected a JSON object with a 'name'")
+    return doc
+
+
+def load_visual_tokenizer(spec: str | Path, device: str = "auto") -> VisualTokenizer:
+    """'builtin' (the built-in world's tokenizer) or a saved tokenizer directory -> the tokenizer. device: where
+    a tokenizer with a network runs (AToken; "auto" = CUDA when available); the built-in one runs on the CPU."""
+    from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
+
+    if str(spec) == BUILTIN:
+        return RVQVisualTokenizer.builtin()
+    doc = read_config(spec)
+    if doc["name"] == RVQVisualTokenizer.name:
+        return RVQVisualTokenizer.load(spec)
+    from lumina.data.tokenizers.atoken import ATokenTokenizer
+
+    if doc["name"] == ATokenTokenizer.name:
+        return ATokenTokenizer.load(spec, device=device)
+    raise ValueError(f"{Path(spec) / CONFIG_FILE}: name={doc['name']!r}; expected "
+                     f"{RVQVisualTokenizer.name!r} or {ATokenTokenizer.name!r}")
+
+
+def check_unchanged(record: VisualTokenizerRecord) -> None:
+    """Raises if the files at `record.path` are not the ones recorded (compares fingerprints; loads nothing)."""
+    found = directory_fingerprint(record.path)
+    if found != record.fingerprint:
+        raise ValueError(f"visual tokenizer at {record.path} changed since the data was built: recorded "
+                         f"fingerprint {record.fingerprint}, the files there have {found}")
+
