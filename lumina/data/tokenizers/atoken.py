@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lumina.data.tokenizers.visual import CONFIG_FILE, read_config
+from lumina.data.tokenizers.visual import CONFIG_FILE, check_pixels, read_config
 
 PACKAGE = "atoken"
 
@@ -108,14 +108,9 @@ class ATokenTokenizer:
             raise ValueError(f"AToken encode: item {batch} does not cover its grid {grid} exactly once")
         return indices[mine][flat.argsort()]
 
-    def _check(self, pixels: torch.Tensor, what: str) -> None:
-        s = self.image_size
-        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (3, s, s):
-            raise ValueError(f"{what} has shape {list(pixels.shape)}; expected [B, 3, {s}, {s}]")
-
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, S, S] in [-1, 1] -> codes [B, h * w, C], grid (h, w)."""
-        self._check(pixels, "pixels")
+        check_pixels(pixels, self.image_size, "pixels")
         indices, coords = self._encode_sparse(pixels[:, :, None])
         grid = (1, self.side, self.side)
         codes = [self._ordered(indices, coords, b, (1, 2, 3), grid) for b in range(pixels.shape[0])]
@@ -123,7 +118,7 @@ class ATokenTokenizer:
 
     def encode_video(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """[T, 3, S, S] -> codes [t * h * w, C] ordered (t, y, x), grid (ceil(T / temporal_patch), h, w)."""
-        self._check(frames, "frames")
+        check_pixels(frames, self.image_size, "frames")
         indices, coords = self._encode_sparse(frames.permute(1, 0, 2, 3)[None])
         grid = (math.ceil(frames.shape[0] / self.temporal_patch), self.side, self.side)
         return self._ordered(indices, coords, 0, (1, 3, 2), grid), grid

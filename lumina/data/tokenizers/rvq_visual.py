@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
-from lumina.data.tokenizers.visual import CONFIG_FILE, read_config
+from lumina.data.tokenizers.visual import CONFIG_FILE, check_pixels, read_config
 
 WEIGHTS_FILE = "rvq.safetensors"
 
@@ -67,19 +67,14 @@ class RVQVisualTokenizer:
     def side(self) -> int:
         return self.image_size // self.patch_size
 
-    def _check(self, pixels: torch.Tensor, what: str) -> None:
-        s = self.image_size
-        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (3, s, s):
-            raise ValueError(f"{what} has shape {list(pixels.shape)}; expected [B, 3, {s}, {s}]")
-
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, S, S] in [-1, 1] -> codes [B, h * w, C], grid (h, w)."""
-        self._check(pixels, "pixels")
+        check_pixels(pixels, self.image_size, "pixels")
         return self.rvq.encode(pixels), (self.side, self.side)
 
     def encode_video(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """[T, 3, S, S] -> codes [T * h * w, C] ordered (t, y, x), grid (T, h, w)."""
-        self._check(frames, "frames")
+        check_pixels(frames, self.image_size, "frames")
         return self.rvq.encode(frames).reshape(-1, self.num_codebooks), (frames.shape[0], self.side, self.side)
 
     def decode(self, codes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

@@ -45,6 +45,13 @@ class VisualTokenizer(Protocol):
     def save(self, directory: str | Path) -> Path: ...
 
 
+def check_pixels(pixels: torch.Tensor, image_size: int, what: str) -> None:
+    """Raise ValueError naming `what` unless pixels is [B, 3, image_size, image_size]."""
+    s = image_size
+    if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (3, s, s):
+        raise ValueError(f"{what} has shape {list(pixels.shape)}; expected [B, 3, {s}, {s}]")
+
+
 def directory_fingerprint(directory: str | Path) -> str:
     """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and, when its "weights" is a file in
     the directory, of that file: identical files, identical fingerprint."""
