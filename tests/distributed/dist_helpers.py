@@ -117,16 +117,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(scenario: str, out_dir: Path, world: int = 2, timeout_s: float = 240.0) -> list[subprocess.CompletedProcess]:
-    """Run `dist_worker.py <scenario> <out_dir>` as `world` gloo ranks (env:// rendezvous); kill on timeout."""
+def launch_ranks(command: list[str], world: int, timeout_s: float = 240.0, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
+    """Run `command` as `world` separate processes with an env:// rendezvous (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_*; Lightning then starts no processes itself); one output per process, all killed on timeout."""
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                   RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "dist_worker.py"), scenario, str(out_dir)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        rank_env = dict(env or os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                        RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(command, env=rank_env, cwd=cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + timeout_s
     results = []
     for proc in procs:
@@ -135,9 +136,16 @@ def launch(scenario: str, out_dir: Path, world: int = 2, timeout_s: float = 240.
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
-            raise RuntimeError(f"distributed scenario {scenario!r} did not finish in {timeout_s} s") from None
+            raise RuntimeError(f"{command} did not finish in {timeout_s} s") from None
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, None))
     return results
+
+
+def launch(scenario: str, out_dir: Path, world: int = 2, timeout_s: float = 240.0) -> list[subprocess.CompletedProcess]:
+    """Run `dist_worker.py <scenario> <out_dir>` as `world` gloo ranks."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    return launch_ranks([sys.executable, str(HERE / "dist_worker.py"), scenario, str(out_dir)], world, timeout_s,
+                        env=env)
 
 
 def run_scenario(scenario: str, out: Path, expect_ok: bool, world: int = 2) -> Callable[[str, int], dict]:

@@ -264,22 +264,23 @@ class Recorder(L.Callback):
                 "snapshots": self.snapshots, "packs": self.packs}
 
 
-def train_and_resume() -> None:
-    """4 steps at EP=2 with DCP checkpoints every 2; resume from step 2 at EP=2; load step 2 at EP=1."""
-    root = OUT / "lightning"
+def train_and_resume(name: str, parallel: ParallelConfig, reload: ParallelConfig) -> dict:
+    """4 steps under `parallel` with DCP checkpoints every 2; resume from step 2 under `parallel`; load step 2
+    under `reload` (max_steps=2: restores, trains nothing)."""
+    root = OUT / name
     full = Recorder(at_steps=(2,))
-    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root, 4, [full], every=2).fit(
+    trainer(FSDP2ExpertParallelStrategy(parallel), root / "full", 4, [full], every=2).fit(
         lumina_module(), datamodule=world_data())
-    ckpt = root / "ckpt" / "s2.ckpt"
+    ckpt = root / "full" / "ckpt" / "s2.ckpt"
     resumed = Recorder()
-    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), OUT / "resume", 4, [resumed]).fit(
+    trainer(FSDP2ExpertParallelStrategy(parallel), root / "resume", 4, [resumed]).fit(
         lumina_module(), datamodule=world_data(), ckpt_path=str(ckpt))
-    at_ep1 = lumina_module()  # max_steps=2: restores step 2, trains nothing
-    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=1)), OUT / "ep1", 2).fit(
-        at_ep1, datamodule=world_data(), ckpt_path=str(ckpt))
-    ep1 = {**Recorder.snapshot(at_ep1), "step": at_ep1.trainer.global_step,
-           "local_expert_rows": at_ep1.model.moe_layers()[0].experts.gate_proj.to_local().shape[0]}
-    save("resume", {"full": full.result(), "resumed": resumed.result(), "ep1": ep1, "ckpt": str(ckpt)})
+    module, data = lumina_module(), world_data()
+    trainer(FSDP2ExpertParallelStrategy(reload), root / "reload", 2).fit(module, datamodule=data, ckpt_path=str(ckpt))
+    reloaded = {**Recorder.snapshot(module), "step": module.trainer.global_step,
+                "local_expert_rows": module.model.moe_layers()[0].experts.gate_proj.to_local().shape[0],
+                "data_parallel": (data.rank, data.world_size)}
+    return {"full": full.result(), "resumed": resumed.result(), "reloaded": reloaded, "ckpt": str(ckpt)}
 
 
 def strategy_init_from(hf_dir: str) -> None:
@@ -368,7 +369,7 @@ class BatchFacts(L.Callback):
 def sequence_runs() -> None:
     """Lightning at sp=2: a pack whose first half holds no image target trains, with the same losses as
     sp=1 where both ranks train the whole pack; world data with DCP checkpoints resumes at sp=2 and loads
-    at sp=1."""
+    at sp=1 (ep=1)."""
     pack = make_pack(TEXT_THEN_IMAGE, seed=3)
     out = {}
     for sp in (2, 1):
@@ -377,21 +378,7 @@ def sequence_runs() -> None:
                 [facts]).fit(lumina_module(), datamodule=FixedPacks([pack, pack]))
         out[f"sp{sp}"] = {"losses": facts.losses, "rows": facts.rows, "image_rows": facts.image_rows,
                           "checks": facts.checks}
-    root = OUT / "sp_lightning"
-    full = Recorder(at_steps=(2,))
-    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(sp=2)), root, 4, [full], every=2).fit(
-        lumina_module(), datamodule=world_data())
-    ckpt = root / "ckpt" / "s2.ckpt"
-    resumed = Recorder()
-    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(sp=2)), OUT / "sp_resume", 4, [resumed]).fit(
-        lumina_module(), datamodule=world_data(), ckpt_path=str(ckpt))
-    at_sp1 = lumina_module()  # max_steps=2: restores step 2, trains nothing
-    data = world_data()
-    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(sp=1)), OUT / "sp1", 2).fit(
-        at_sp1, datamodule=data, ckpt_path=str(ckpt))
-    out["resume"] = {"full": full.result(), "resumed": resumed.result(), "ckpt": str(ckpt),
-                     "sp1": {**Recorder.snapshot(at_sp1), "step": at_sp1.trainer.global_step,
-                             "data_parallel": (data.rank, data.world_size)}}
+    out["resume"] = train_and_resume("sp_resume", ParallelConfig(sp=2), ParallelConfig(sp=1))
     save("sequence_runs", out)
 
 
@@ -426,7 +413,7 @@ def main() -> None:
     sequence_parity("sp_kv_replicated", "union", ep=1, num_key_value_heads=1)
     if scenario == "core":
         strategy_init_from(str(OUT / "hf_in"))
-        train_and_resume()
+        save("resume", train_and_resume("ep_resume", ParallelConfig(ep=2), ParallelConfig(ep=1)))
         conditional_runs()
         sequence_runs()
     dist.barrier()

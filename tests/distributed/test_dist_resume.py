@@ -37,8 +37,8 @@ def test_resume_at_ep2_continues_identically(core) -> None:
 def test_checkpoint_loads_at_ep1_with_the_same_weights(core) -> None:
     for rank in (0, 1):
         got = core("resume", rank)
-        assert got["ep1"]["step"] == 2 and got["ep1"]["local_expert_rows"] == 4  # 8 experts, FSDP over 2
-        _equal_states(got["ep1"], got["full"]["snapshots"][2])
+        assert got["reloaded"]["step"] == 2 and got["reloaded"]["local_expert_rows"] == 4  # 8 experts, FSDP over 2
+        _equal_states(got["reloaded"], got["full"]["snapshots"][2])
 
 
 def test_checkpoint_loads_into_one_process(core) -> None:

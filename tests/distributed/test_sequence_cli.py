@@ -8,11 +8,10 @@ import csv
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import free_port
+from dist_helpers import launch_ranks
 
 QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "callbacks.progress_bar=null",
          "data.sources.0.options.num_samples=64", "data.sources.0.options.val_samples=4"]
@@ -46,28 +45,6 @@ def test_sp2_logs_the_losses_of_one_process(tmp_path: Path) -> None:
     assert got == pytest.approx(want, abs=1e-4)
 
 
-def _launch_ranks(args: list[str], cwd: Path, world: int = 2) -> list[subprocess.CompletedProcess]:
-    """`world` separate lumina-train processes, rendezvous as torchrun would set it up (one output each)."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                   LOCAL_RANK=str(rank), GROUP_RANK="0", LOCAL_WORLD_SIZE=str(world), TORCHELASTIC_RUN_ID="test")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lumina.train", *args], cwd=cwd, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + 240
-    out = []
-    for proc in procs:
-        try:
-            stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, None))
-    return out
-
-
 @pytest.mark.parametrize(("overrides", "status", "message"), [
     (["strategy.parallel.sp=3"], 2, "ParallelConfig.sp=3 does not divide the world size 2"),
     (["strategy.parallel.sp=2", "model.config.num_attention_heads=6", "model.config.num_key_value_heads=3"], 2,
@@ -77,8 +54,9 @@ def _launch_ranks(args: list[str], cwd: Path, world: int = 2) -> list[subprocess
 ], ids=["sp_not_dividing_world", "sp_not_splitting_heads", "participation_check"])
 def test_a_failing_job_ends_every_rank_cleanly_with_one_error_line(tmp_path: Path, overrides, status,
                                                                    message) -> None:
-    ranks = _launch_ranks(["strategy=fsdp_ep", "trainer.devices=2", "trainer.max_steps=2", "logger=none", *QUIET,
-                           *overrides, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    command = [sys.executable, "-m", "lumina.train", "strategy=fsdp_ep", "trainer.devices=2", "trainer.max_steps=2",
+               "logger=none", *QUIET, *overrides, f"hydra.run.dir={tmp_path / 'run'}"]
+    ranks = launch_ranks(command, world=2, cwd=tmp_path, env=_env())
     output = "".join(r.stdout for r in ranks)
     assert [r.returncode for r in ranks] == [status, status], output[-3000:]  # no signal (negative status)
     assert output.count("lumina-train: error:") == 1 and message in output, output[-3000:]

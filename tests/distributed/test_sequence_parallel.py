@@ -88,13 +88,13 @@ def test_dcp_resume_at_sp2_continues_identically_and_loads_at_sp1(core) -> None:
         assert resumed["batches"] == full["batches"][2:]
         for name, weight in full["snapshots"]["end"]["weights"].items():
             assert torch.equal(resumed["snapshots"]["end"]["weights"][name], weight), name
-        sp1 = got["sp1"]
+        sp1 = got["reloaded"]
         assert sp1["step"] == 2
         for name, weight in full["snapshots"][2]["weights"].items():
             assert torch.equal(sp1["weights"][name], weight), name
     assert ranks[0]["full"]["packs"] == ranks[1]["full"]["packs"]  # one pack per step for the group ...
     assert all(a != b for a, b in zip(ranks[0]["full"]["batches"], ranks[1]["full"]["batches"], strict=True))
-    assert [got["sp1"]["data_parallel"] for got in ranks] == [(0, 2), (1, 2)]  # ... re-dealt over 2 at sp=1
+    assert [got["reloaded"]["data_parallel"] for got in ranks] == [(0, 2), (1, 2)]  # ... re-dealt over 2 at sp=1
 
 
 @pytest.fixture(scope="module")
