@@ -1,5 +1,11 @@
 """The MoE router (`mlp.gate`): fp32 sigmoid scores, group-limited top-k selection on the bias-corrected
-scores, weights from the unbiased scores (official `LLaDA2MoeGate`)."""
+scores, weights from the unbiased scores (official `LLaDA2MoeGate`).
+
+In training mode a router may also add Gaussian noise of std `selection_noise` to the biased scores it selects
+on (noisy top-k gating, Shazeer et al. 2017; set by the objective from `balance.selection_noise`, 0 = off).
+Tokens with identical inputs get identical scores, and a token-independent expert bias can only move all of
+them at once; the noise spreads them over the experts whose biased scores lie within about its std. The
+weights stay the unbiased, noise-free scores, and evaluation (`eval()`) selects without noise."""
 
 from __future__ import annotations
 
@@ -70,13 +76,19 @@ class Router(nn.Module):
         self.n_group = config.n_group
         self.topk_group = config.topk_group
         self.routed_scaling_factor = config.routed_scaling_factor
+        self.init_kind = config.router_init
+        self.init_std = config.initializer_range
+        self.selection_noise = 0.0  # std of the training-mode selection noise; set from outside (the objective)
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
         # used for selection only; updated from outside (no released code updates it); always fp32
         self.register_buffer("expert_bias", torch.zeros(config.num_experts, dtype=torch.float32))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.init_kind == "normal":
+            nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
+        else:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         with torch.no_grad():
             self.expert_bias.zero_()
 
@@ -102,7 +114,10 @@ class Router(nn.Module):
         logits = _Fp32Logits.apply(x, self.weight)  # [T, E]
         with torch.no_grad():
             scores = logits.sigmoid()
-            topk_ids = self.select(scores + self.expert_bias.float())
+            biased = scores + self.expert_bias.float()
+            if self.training and self.selection_noise > 0:
+                biased = biased + self.selection_noise * torch.randn_like(biased)
+            topk_ids = self.select(biased)
         chosen = _SelectedScores.apply(logits, scores, topk_ids)
         return Routing(logits=logits, topk_ids=topk_ids, topk_weights=self.normalise(chosen))
 

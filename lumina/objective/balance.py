@@ -5,6 +5,10 @@ Per MoE layer, with T valid tokens, k experts per token and E experts:
     P_i = mean over valid tokens of p_i      p = s / sum_j s_j, s = sigmoid(logits)   ("sigmoid")
                                              p = softmax(logits)                      ("softmax", official 5.5)
     layer loss = E * sum_i f_i * P_i;  the loss is the mean over layers (times a coefficient, applied outside).
+
+Scope "batch" takes f and P over all valid tokens of the pack; scope "sequence" (DeepSeek-V3's sequence-wise
+balance loss) takes them over each packed segment (sample) and averages the segment losses, so every sample
+has to spread its own tokens instead of the pack averaging one sample's collapse against another's.
 """
 
 from __future__ import annotations
@@ -42,32 +46,49 @@ def router_probs(router_logits: torch.Tensor, p_source: str) -> torch.Tensor:
 
 
 def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, token_valid: torch.Tensor,
-                       p_source: str) -> torch.Tensor:
+                       p_source: str, segment_ids: torch.Tensor | None = None,
+                       num_segments: int = 1) -> torch.Tensor:
     """router_logits [B, S, E], topk_ids [B, S, k], token_valid [B, S] -> scalar E * sum_i f_i P_i.
-    Zero valid tokens, or E <= 1 (nothing to balance; the official function returns 0 there too), give an
-    exact 0 that stays in the graph."""
+
+    segment_ids int64 [B, S] in [0, num_segments] (num_segments = no segment, e.g. tail padding) gives the
+    mean over non-empty segments of each segment's loss; None = one segment of all tokens. Zero valid tokens,
+    or E <= 1 (nothing to balance; the official function returns 0 there too), give an exact 0 that stays in
+    the graph. No host sync."""
     num_experts = router_logits.shape[-1]
     k = topk_ids.shape[-1]
     if router_logits.shape[:-1] != token_valid.shape:
         raise ValueError(f"router_logits has shape {list(router_logits.shape)}, token_valid "
                          f"{list(token_valid.shape)}")
+    if topk_ids.shape[:-1] != token_valid.shape:
+        raise ValueError(f"router_topk_ids has shape {list(topk_ids.shape)}, token_valid {list(token_valid.shape)}")
+    if segment_ids is not None and segment_ids.shape != token_valid.shape:
+        raise ValueError(f"segment_ids has shape {list(segment_ids.shape)}, token_valid {list(token_valid.shape)}")
     if num_experts <= 1:
         return router_logits.float().sum() * 0.0
-    valid = token_valid.reshape(-1, 1).float()
-    num_valid = valid.sum().clamp(min=1.0)
-    probs = router_probs(router_logits, p_source).reshape(-1, num_experts)
-    mean_p = (probs * valid).sum(0) / num_valid
-    f = expert_counts(topk_ids, token_valid, num_experts) / (num_valid * k)
-    return num_experts * (f * mean_p).sum()
+    bins = num_segments + 1  # the last bin collects tokens outside every segment (weight 0 when invalid)
+    seg = (segment_ids.reshape(-1).long() if segment_ids is not None
+           else torch.zeros(token_valid.numel(), dtype=torch.long, device=token_valid.device))
+    valid = token_valid.reshape(-1).float()
+    probs = router_probs(router_logits, p_source).reshape(-1, num_experts) * valid[:, None]
+    tokens = torch.zeros(bins, device=valid.device).index_add_(0, seg, valid)  # [bins]
+    sum_p = probs.new_zeros(bins, num_experts).index_add_(0, seg, probs)  # [bins, E]
+    slots = seg[:, None] * num_experts + topk_ids.reshape(-1, k).long()  # [T, k] flat (segment, expert)
+    counts = torch.zeros(bins * num_experts, device=valid.device)
+    counts = counts.scatter_add_(0, slots.reshape(-1), valid[:, None].expand(-1, k).reshape(-1))
+    counts = counts.view(bins, num_experts)
+    denom = tokens.clamp(min=1.0)[:, None]
+    per_segment = num_experts * ((counts / (denom * k)) * (sum_p / denom)).sum(dim=-1)  # [bins]; 0 when empty
+    used = (tokens[:num_segments] > 0).float()
+    return (per_segment[:num_segments] * used).sum() / used.sum().clamp(min=1.0)
 
 
 def balance_loss(router_logits: list[torch.Tensor], topk_ids: list[torch.Tensor], token_valid: torch.Tensor,
-                 p_source: str) -> torch.Tensor:
+                 p_source: str, segment_ids: torch.Tensor | None = None, num_segments: int = 1) -> torch.Tensor:
     """Mean over MoE layers of `layer_balance_loss` (fp32 scalar; 0 without MoE layers)."""
     if len(router_logits) != len(topk_ids):
         raise ValueError(f"router_logits has {len(router_logits)} layers, router_topk_ids {len(topk_ids)}")
     if not router_logits:
         return torch.zeros((), device=token_valid.device)
-    losses = [layer_balance_loss(lg, ids, token_valid, p_source) for lg, ids in zip(router_logits, topk_ids,
-                                                                                   strict=True)]
+    losses = [layer_balance_loss(lg, ids, token_valid, p_source, segment_ids, num_segments)
+              for lg, ids in zip(router_logits, topk_ids, strict=True)]
     return torch.stack(losses).mean()
