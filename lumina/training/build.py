@@ -83,18 +83,22 @@ def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
 
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Every non-null entry of cfg.callbacks; progress bars are dropped when the trainer disables them."""
+    """Every non-null entry of cfg.callbacks; progress bars and model summaries are dropped when the trainer
+    disables them."""
     out = []
+    switched_off = []
+    if not cfg.trainer.get("enable_progress_bar", True):
+        switched_off.append(L.pytorch.callbacks.ProgressBar)
+    if not cfg.trainer.get("enable_model_summary", True):
+        switched_off.append(L.pytorch.callbacks.ModelSummary)
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is None:
             continue
         if "_target_" not in node:
             raise ConfigError(f"callbacks.{name}: needs a _target_ (or null to switch it off)")
         callback = hydra.utils.instantiate(node)
-        if isinstance(callback, L.pytorch.callbacks.ProgressBar) and not cfg.trainer.get("enable_progress_bar",
-                                                                                          True):
-            continue
-        out.append(callback)
+        if not isinstance(callback, tuple(switched_off)):
+            out.append(callback)
     return out
 
 
