@@ -24,8 +24,10 @@ def _grouped_mm(a, b, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001 -
     return 2 * m * n * b[-1] * (a[0] if len(a) == 3 and len(b) == 3 else 1)
 
 
-# ops torch's registry lacks: SDPA's CPU kernel (torch's own SDPA formulas) and the grouped GEMM of the experts
+# ops torch's registry lacks: SDPA's CPU kernel (torch's own SDPA formulas), the grouped GEMM of the experts and
+# the in-place addmm_ (the fused head losses and the expert loop accumulate weight gradients with it)
 CPU_OPS = {
+    aten.addmm_: lambda acc, a, b, *args, out_shape=None, **kwargs: 2 * a[0] * a[1] * b[1],
     aten._scaled_dot_product_flash_attention_for_cpu:
         lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v),
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
