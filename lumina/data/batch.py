@@ -10,9 +10,9 @@ One pack per micro-batch (B = 1). Shapes after normalisation:
     cu_seqlens                   [n + 1] int32 (segment starts + end of the packed part)
     seg_bounds                   the same as a Python tuple, computed on CPU by the collator
     query_rows                   optional [N] int64 flat row indices (b*S + s) whose logits samplers want
-    whole                        optional: the whole pack when this batch is a window of its rows (sequence
-                                 parallelism, `window`); cu_seqlens / seg_bounds then describe the whole pack
-                                 and attention specs are built from it
+    whole, window_start          optional: the whole pack when this batch is a window of its rows starting at
+                                 row window_start (sequence parallelism, `window`); cu_seqlens / seg_bounds
+                                 then describe the whole pack and attention specs are built from it
 
 Rows past cu_seqlens[-1] are tail padding, filled with `TAIL_FILL` (input_ids: the pad id).
 """
@@ -120,6 +120,7 @@ class PackedBatch:
     seg_bounds: tuple[int, ...] | None = None
     query_rows: torch.Tensor | None = None
     whole: PackedBatch | None = None
+    window_start: int = 0
 
     def __post_init__(self) -> None:
         self.type_ids = as_int64("type_ids", as_row("type_ids", self.type_ids))
@@ -200,4 +201,9 @@ class PackedBatch:
         if self.whole is not None or self.query_rows is not None:
             raise ValueError("window(): take windows of a whole training pack (no nested windows, no query_rows)")
         rows = {name: getattr(self, name)[:, start:stop] for name in ROW_FIELDS if getattr(self, name) is not None}
-        return dataclasses.replace(self, **rows, whole=self)
+        return dataclasses.replace(self, **rows, whole=self, window_start=start)
+
+    @property
+    def pack_len(self) -> int:
+        """Rows of the whole pack (this batch's own rows unless it is a window)."""
+        return self.whole.seq_len if self.whole is not None else self.seq_len

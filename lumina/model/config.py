@@ -13,6 +13,7 @@ ATTN_BACKENDS = ("auto", "sdpa_dense", "segmented", "flex", "flash_varlen")  # a
 MOE_BACKENDS = ("grouped_mm", "loop")
 # Activation checkpointing of the backbone (see `LuminaConfig.gradient_checkpointing`).
 CHECKPOINT_POLICIES = ("none", "full", "selective")
+ROUTER_INITS = ("kaiming_uniform", "normal")  # see `LuminaConfig.router_init`
 
 # Fields of the official config.json, in the file's own order; `to_hf` writes exactly these (+ unknown keys).
 OFFICIAL_KEYS = (
@@ -33,7 +34,7 @@ HARD_CODED_KEYS = (
 )
 # lumina-only runtime choices; never written to config.json.
 TRAINING_KEYS = ("attn_backend", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
-                 "loss_chunk_rows")
+                 "loss_chunk_rows", "router_init")
 
 DEFAULT_AUTO_MAP = {
     "AutoConfig": "configuration_internluminau2.LLaDA2MoeConfig",
@@ -63,7 +64,12 @@ class LuminaConfig:
                  cost only GEMMs to redo, while the attention core is the O(S^2) part of a recompute.
     Both full and selective also checkpoint the channel head, 128 image rows at a time: at about
     C * channel_depth * 20 * H floats per supervised image row it holds the most activations per row.
-    Every router's top-k is replayed on recompute, so each policy gives the gradients of `none` exactly."""
+    Every router's top-k is replayed on recompute, so each policy gives the gradients of `none` exactly.
+
+    router_init: the from-scratch init of each router's `gate.weight`: "kaiming_uniform" (nn.Linear's default,
+    what the official code gets) or "normal" (N(0, initializer_range), as torchtitan and Megatron initialise
+    routers). The smaller normal init starts every expert's score near 0.5, so the expert bias, not the first
+    random weights, decides where tokens go at the start (README, "Expert balance")."""
 
     # --- official config.json (defaults = the released 16B-A1B file) ---
     architectures: list[str] = field(default_factory=lambda: ["LLaDA2MoeModelLM"])
@@ -127,6 +133,7 @@ class LuminaConfig:
     gradient_checkpointing: str = "none"  # none | full | selective (legacy bools: True = full, False = none)
     check_finite: bool = False
     loss_chunk_rows: int = 0  # rows per chunk of the fused head losses; 0 = rows whose fp32 logits fit 256 MiB
+    router_init: str = "kaiming_uniform"  # kaiming_uniform | normal (N(0, initializer_range))
     # keys of a config.json lumina does not know; kept and written back by to_hf
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -201,6 +208,8 @@ class LuminaConfig:
                 or self.loss_chunk_rows < 0:
             bad("loss_chunk_rows", "must be an integer >= 0 (0 = auto)")
         self.gradient_checkpointing = checkpoint_policy(self.gradient_checkpointing)
+        if self.router_init not in ROUTER_INITS:
+            bad("router_init", f"must be one of {ROUTER_INITS}")
         if self.moe_backend not in MOE_BACKENDS:
             bad("moe_backend", f"must be one of {MOE_BACKENDS}")
         if self.model_type not in ("llada2_moe", "llada2_moe_veomni"):

@@ -149,6 +149,8 @@ class LuminaModel(nn.Module):
         cfg = self.config
         check = cfg.check_finite
         spec = build_spec(batch, backend=self.model.attn_backend, strict=cfg.attn_strict)
+        for moe in self.moe_layers():  # the routers' selection noise is drawn per pack (see Router)
+            moe.gate.pack_rows = (batch.window_start, batch.pack_len)
         text_rows, image_rows, codes = self.select_rows(batch)
         embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
         check_finite(check, "embeddings", embeds, code_embeds)

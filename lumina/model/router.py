@@ -1,5 +1,14 @@
 """The MoE router (`mlp.gate`): fp32 sigmoid scores, group-limited top-k selection on the bias-corrected
-scores, weights from the unbiased scores (official `LLaDA2MoeGate`)."""
+scores, weights from the unbiased scores (official `LLaDA2MoeGate`).
+
+In training mode a router may also add Gaussian noise of std `selection_noise` to the biased scores it selects
+on (noisy top-k gating, Shazeer et al. 2017; set by the objective from `balance.selection_noise`, 0 = off).
+Tokens with identical inputs get identical scores, and a token-independent expert bias can only move all of
+them at once; the noise spreads them over the experts whose biased scores lie within about its std. The
+weights stay the unbiased, noise-free scores, and evaluation (`eval()`) selects without noise. The noise of a
+pack is one [pack rows, E] draw whatever rows this router sees (`pack_rows`, set by the model per forward from
+the batch): a window of the pack (sequence parallelism) keeps its own rows of it, so the routing does not
+depend on how a pack is split over ranks."""
 
 from __future__ import annotations
 
@@ -70,13 +79,30 @@ class Router(nn.Module):
         self.n_group = config.n_group
         self.topk_group = config.topk_group
         self.routed_scaling_factor = config.routed_scaling_factor
+        self.init_kind = config.router_init
+        self.init_std = config.initializer_range
+        self.selection_noise = 0.0  # std of the training-mode selection noise; set from outside (the objective)
+        self.pack_rows: tuple[int, int] | None = None  # (first row, rows of the pack) of the tokens routed next
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
         # used for selection only; updated from outside (no released code updates it); always fp32
         self.register_buffer("expert_bias", torch.zeros(config.num_experts, dtype=torch.float32))
         self.reset_parameters()
 
+    def _pack_noise(self, biased: torch.Tensor) -> torch.Tensor:
+        """Standard normal noise for biased [T, E]: rows pack_rows[0] .. + T of one draw for the whole pack."""
+        if self.pack_rows is None:
+            return torch.randn_like(biased)
+        start, total = self.pack_rows
+        if not 0 <= start <= total - biased.shape[0]:
+            raise ValueError(f"Router.pack_rows={self.pack_rows} does not hold {biased.shape[0]} routed rows")
+        noise = torch.randn(total, biased.shape[1], dtype=biased.dtype, device=biased.device)
+        return noise[start:start + biased.shape[0]]
+
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.init_kind == "normal":
+            nn.init.normal_(self.weight, mean=0.0, std=self.init_std)
+        else:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         with torch.no_grad():
             self.expert_bias.zero_()
 
@@ -102,7 +128,10 @@ class Router(nn.Module):
         logits = _Fp32Logits.apply(x, self.weight)  # [T, E]
         with torch.no_grad():
             scores = logits.sigmoid()
-            topk_ids = self.select(scores + self.expert_bias.float())
+            biased = scores + self.expert_bias.float()
+            if self.training and self.selection_noise > 0:
+                biased = biased + self.selection_noise * self._pack_noise(biased)
+            topk_ids = self.select(biased)
         chosen = _SelectedScores.apply(logits, scores, topk_ids)
         return Routing(logits=logits, topk_ids=topk_ids, topk_weights=self.normalise(chosen))
 

@@ -6,9 +6,14 @@ Per MoE layer, with T valid tokens, k experts per token and E experts:
                                              p = softmax(logits)                      ("softmax", official 5.5)
     layer loss = E * sum_i f_i * P_i;  the loss is the mean over layers (times a coefficient, applied outside).
 
-With sequence parallelism a pack's tokens are spread over the ranks of `group`: the counts and T are summed
-over the group, each rank's P_i sums its own tokens' p_i over the global T, and each rank returns its share
-times the group size, so the ranks' mean (what gradient averaging takes) is the loss of the whole pack.
+Scope "batch" takes f and P over all valid tokens of the pack; scope "sequence" (DeepSeek-V3's sequence-wise
+balance loss) takes them over each packed segment (sample) and averages the segment losses, so every sample
+has to spread its own tokens instead of the pack averaging one sample's collapse against another's.
+
+With sequence parallelism a pack's tokens are spread over the ranks of `group`: the token and selection
+counts are summed over the group, each rank's P_i sums its own tokens' p_i over the global token count, and
+each rank returns its share times the group size, so the ranks' mean (what gradient averaging takes) is the
+loss of the whole pack.
 """
 
 from __future__ import annotations
@@ -49,38 +54,55 @@ def router_probs(router_logits: torch.Tensor, p_source: str) -> torch.Tensor:
 
 
 def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, token_valid: torch.Tensor,
-                       p_source: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """router_logits [B, S, E], topk_ids [B, S, k], token_valid [B, S] -> scalar E * sum_i f_i P_i (this
-    rank's share times the size of `group`, the sequence-parallel group; None = this rank holds the pack).
+                       p_source: str, segment_ids: torch.Tensor | None = None,
+                       num_segments: int = 1, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """router_logits [B, S, E], topk_ids [B, S, k], token_valid [B, S] -> scalar E * sum_i f_i P_i.
+
+    segment_ids int64 [B, S] in [0, num_segments] (num_segments = no segment, e.g. tail padding) gives the
+    mean over non-empty segments of each segment's loss; None = one segment of all tokens. group: the
+    sequence-parallel group sharing the pack (None = this rank holds it; else one all_reduce of the counts).
     Zero valid tokens, or E <= 1 (nothing to balance; the official function returns 0 there too), give an
-    exact 0 that stays in the graph."""
-    return balance_loss([router_logits], [topk_ids], token_valid, p_source, group)
+    exact 0 that stays in the graph. No host sync."""
+    num_experts = router_logits.shape[-1]
+    k = topk_ids.shape[-1]
+    if router_logits.shape[:-1] != token_valid.shape:
+        raise ValueError(f"router_logits has shape {list(router_logits.shape)}, token_valid "
+                         f"{list(token_valid.shape)}")
+    if topk_ids.shape[:-1] != token_valid.shape:
+        raise ValueError(f"router_topk_ids has shape {list(topk_ids.shape)}, token_valid {list(token_valid.shape)}")
+    if segment_ids is not None and segment_ids.shape != token_valid.shape:
+        raise ValueError(f"segment_ids has shape {list(segment_ids.shape)}, token_valid {list(token_valid.shape)}")
+    if num_experts <= 1:
+        return router_logits.float().sum() * 0.0
+    bins = num_segments + 1  # the last bin collects tokens outside every segment (weight 0 when invalid)
+    seg = (segment_ids.reshape(-1).long() if segment_ids is not None
+           else torch.zeros(token_valid.numel(), dtype=torch.long, device=token_valid.device))
+    valid = token_valid.reshape(-1).float()
+    probs = router_probs(router_logits, p_source).reshape(-1, num_experts) * valid[:, None]
+    tokens = torch.zeros(bins, device=valid.device).index_add_(0, seg, valid)  # [bins]
+    sum_p = probs.new_zeros(bins, num_experts).index_add_(0, seg, probs)  # [bins, E]
+    slots = seg[:, None] * num_experts + topk_ids.reshape(-1, k).long()  # [T, k] flat (segment, expert)
+    counts = torch.zeros(bins * num_experts, device=valid.device)
+    counts = counts.scatter_add_(0, slots.reshape(-1), valid[:, None].expand(-1, k).reshape(-1))
+    share = 1
+    if group is not None:  # the pack's counts; sum_p stays this rank's (its gradient is this rank's tokens')
+        stats = dp_sum(torch.cat([tokens, counts]), group)
+        tokens, counts, share = stats[:bins], stats[bins:], dist.get_world_size(group)
+    counts = counts.view(bins, num_experts)
+    denom = tokens.clamp(min=1.0)[:, None]
+    per_segment = num_experts * ((counts / (denom * k)) * (sum_p / denom)).sum(dim=-1)  # [bins]; 0 when empty
+    used = (tokens[:num_segments] > 0).float()
+    return (per_segment[:num_segments] * used).sum() / used.sum().clamp(min=1.0) * share
 
 
 def balance_loss(router_logits: list[torch.Tensor], topk_ids: list[torch.Tensor], token_valid: torch.Tensor,
-                 p_source: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Mean over MoE layers of the layer loss (fp32 scalar; 0 without MoE layers). One all_reduce of the
-    counts over `group` when given."""
+                 p_source: str, segment_ids: torch.Tensor | None = None, num_segments: int = 1,
+                 group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Mean over MoE layers of `layer_balance_loss` (fp32 scalar; 0 without MoE layers)."""
     if len(router_logits) != len(topk_ids):
         raise ValueError(f"router_logits has {len(router_logits)} layers, router_topk_ids {len(topk_ids)}")
     if not router_logits:
         return torch.zeros((), device=token_valid.device)
-    for logits in router_logits:
-        if logits.shape[:-1] != token_valid.shape:
-            raise ValueError(f"router_logits has shape {list(logits.shape)}, token_valid {list(token_valid.shape)}")
-    num_experts, k = router_logits[0].shape[-1], topk_ids[0].shape[-1]
-    if num_experts <= 1:
-        return torch.stack([lg.float().sum() for lg in router_logits]).sum() * 0.0
-    valid = token_valid.reshape(-1, 1).float()
-    counts = torch.cat([expert_load(topk_ids, token_valid, num_experts).reshape(-1), valid.sum().reshape(1)])
-    share = 1
-    if group is not None:
-        counts, share = dp_sum(counts, group), dist.get_world_size(group)
-    num_valid = counts[-1].clamp(min=1.0)
-    f = counts[:-1].view(len(topk_ids), num_experts) / (num_valid * k)  # [L, E]
-    losses = []
-    for layer, logits in enumerate(router_logits):
-        probs = router_probs(logits, p_source).reshape(-1, num_experts)
-        mean_p = (probs * valid).sum(0) / num_valid  # this rank's tokens' part of P
-        losses.append(num_experts * (f[layer] * mean_p).sum())
-    return torch.stack(losses).mean() * share
+    losses = [layer_balance_loss(lg, ids, token_valid, p_source, segment_ids, num_segments, group)
+              for lg, ids in zip(router_logits, topk_ids, strict=True)]
+    return torch.stack(losses).mean()

@@ -10,6 +10,7 @@ from typing import Any
 
 TEXT_WEIGHTINGS = ("none", "inverse_t")
 P_SOURCES = ("sigmoid", "softmax")
+AUX_SCOPES = ("batch", "sequence")
 
 
 @dataclass
@@ -17,20 +18,30 @@ class BalanceConfig:
     """MoE load balancing: an auxiliary loss and/or the auxiliary-loss-free expert-bias update.
 
     aux_coef:    coefficient of the load-balance loss (0 switches it off).
+    aux_scope:   "batch" (f and P over the pack's valid tokens) or "sequence" (DeepSeek-V3's sequence-wise
+                 loss: f and P per packed segment, the segment losses averaged).
     p_source:    "sigmoid" (P from the router's normalised sigmoid scores, what routing uses) or
                  "softmax" (P from softmax(router_logits), the official `load_balancing_loss_func`).
     bias_update: switch the sign-rule expert-bias update on (applied once per optimizer step).
     bias_rate:   step size of that update.
+    selection_noise: std of the Gaussian noise each router adds to its biased scores when it selects experts
+                 in training mode (noisy top-k gating; 0 = off, the official routing). Evaluation and
+                 generation never add it; the combine weights never see it.
     """
 
     aux_coef: float = 0.0
+    aux_scope: str = "batch"
     p_source: str = "sigmoid"
     bias_update: bool = True
     bias_rate: float = 1e-3
+    selection_noise: float = 0.0
 
     def __post_init__(self) -> None:
         _check_non_negative("balance.aux_coef", self.aux_coef)
         _check_non_negative("balance.bias_rate", self.bias_rate)
+        _check_non_negative("balance.selection_noise", self.selection_noise)
+        if self.aux_scope not in AUX_SCOPES:
+            raise ValueError(f"ObjectiveConfig.balance.aux_scope={self.aux_scope!r}: must be one of {AUX_SCOPES}")
         if self.p_source not in P_SOURCES:
             raise ValueError(f"ObjectiveConfig.balance.p_source={self.p_source!r}: must be one of {P_SOURCES}")
         if not isinstance(self.bias_update, bool):

@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
 from lumina.model.heads import HeadLoss, LuminaHeads
+from lumina.model.router import Router
 from lumina.objective.balance import balance_loss, expert_load
 from lumina.objective.config import ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases
@@ -106,9 +108,15 @@ class LuminaObjective(nn.Module):
 
         load = expert_load(output.router_topk_ids, batch.token_valid, _num_experts(output))
         if cfg.balance.aux_coef > 0:
+            segments = {}
+            if cfg.balance.aux_scope == "sequence":
+                rows = segment_ids(batch.cu_seqlens, batch.pack_len)  # a window's rows index its pack's segments
+                start = batch.window_start
+                segments = dict(segment_ids=rows[start:start + batch.seq_len].unsqueeze(0),
+                                num_segments=batch.cu_seqlens.numel() - 1)
             aux = cfg.balance.aux_coef * balance_loss(output.router_logits, output.router_topk_ids,
                                                        batch.token_valid, cfg.balance.p_source,
-                                                       self.sequence_group)
+                                                       group=self.sequence_group, **segments)
         else:
             aux = torch.zeros((), device=text_loss.device)
         if cfg.balance.bias_update and self.training:
@@ -123,6 +131,13 @@ class LuminaObjective(nn.Module):
             num_image_local=local[1], num_image_global=num_image_global,
             text_preds=text.preds, text_targets=targets.text, image_preds=image.preds, image_targets=targets.image,
             expert_load=load)
+
+    def configure_routers(self, model: nn.Module) -> int:
+        """Give every router of `model` this objective's training-mode selection noise; returns how many."""
+        routers = [module for module in model.modules() if isinstance(module, Router)]
+        for router in routers:
+            router.selection_noise = self.config.balance.selection_noise
+        return len(routers)
 
     @torch.no_grad()
     def on_optimizer_step(self, model: nn.Module) -> torch.Tensor | None:

@@ -9,6 +9,7 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from lumina.model.config import LuminaConfig
@@ -17,6 +18,7 @@ from lumina.training.data_factory import build_datamodule
 from lumina.training.errors import ConfigError
 from lumina.training.module import LuminaModule
 from lumina.training.optim import OptimConfig
+from lumina.training.trainer_config import check_trainer_fields
 
 PRESETS = ("tiny", "official")
 MODEL_KEYS = ("preset", "init_from", "freeze", "meta_init", "config")
@@ -31,6 +33,7 @@ def check_requirements(cfg: DictConfig) -> None:
     """Checks that need no model or data: a GPU when the config asks for one, a learning-rate horizon."""
     if cfg.get("requires_cuda", False) and not torch.cuda.is_available():
         raise ConfigError("requires_cuda=true: this configuration needs a CUDA GPU and none is visible")
+    check_trainer_fields(plain(cfg.trainer))
     max_steps = cfg.trainer.get("max_steps", -1)
     if cfg.optim.get("decay_steps") is None and not cfg.trainer.get("fast_dev_run") and \
             (max_steps is None or max_steps < 1):
@@ -83,18 +86,22 @@ def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
 
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Every non-null entry of cfg.callbacks; progress bars are dropped when the trainer disables them."""
+    """Every non-null entry of cfg.callbacks; progress bars and model summaries are dropped when the trainer
+    disables them."""
     out = []
+    switched_off = []
+    if not cfg.trainer.get("enable_progress_bar", True):
+        switched_off.append(L.pytorch.callbacks.ProgressBar)
+    if not cfg.trainer.get("enable_model_summary", True):
+        switched_off.append(L.pytorch.callbacks.ModelSummary)
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is None:
             continue
         if "_target_" not in node:
             raise ConfigError(f"callbacks.{name}: needs a _target_ (or null to switch it off)")
         callback = hydra.utils.instantiate(node)
-        if isinstance(callback, L.pytorch.callbacks.ProgressBar) and not cfg.trainer.get("enable_progress_bar",
-                                                                                          True):
-            continue
-        out.append(callback)
+        if not isinstance(callback, tuple(switched_off)):
+            out.append(callback)
     return out
 
 
@@ -112,10 +119,16 @@ def strategy(cfg: DictConfig) -> Any:
 
 
 def trainer(cfg: DictConfig, callback_list: list[L.Callback], logger_list: list) -> L.Trainer:
+    """lightning.Trainer from cfg.trainer (checked by `check_trainer_fields`); what Lightning still refuses is
+    a ConfigError."""
     kwargs = plain(cfg.trainer)
-    return L.Trainer(**kwargs, strategy=strategy(cfg), callbacks=callback_list,
-                     logger=logger_list if logger_list else False,
-                     default_root_dir=str(cfg.paths.output_dir))
+    check_trainer_fields(kwargs)
+    try:
+        return L.Trainer(**kwargs, strategy=strategy(cfg), callbacks=callback_list,
+                         logger=logger_list if logger_list else False,
+                         default_root_dir=str(cfg.paths.output_dir))
+    except MisconfigurationException as error:
+        raise ConfigError(f"trainer: {error}") from error
 
 
 def resume_path(cfg: DictConfig, callback_list: list[L.Callback]) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -46,3 +47,12 @@ def draw_heatmap(load: torch.Tensor, first_layer: int = 0, title: str = "expert 
     fig.colorbar(image, ax=ax, label="share of the layer's tokens")
     fig.tight_layout()
     return fig
+
+
+def figure_rgb(figure) -> np.ndarray:  # noqa: ANN001 - a matplotlib Figure
+    """A matplotlib Figure rendered to uint8 RGB [height, width, 3] (what image loggers take)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -1,9 +1,11 @@
 """`ExpertUsageCallback`: how evenly the routers use their experts.
 
-Every optimizer step it logs, per MoE layer and averaged over layers, max/mean load, the coefficient of
-variation and the number of dead experts (no token in that step). Every `heatmap_every_n_steps` it sums the
+Every optimizer step it logs, per MoE layer (`experts/layer{i}/...`), max/mean load, the coefficient of
+variation and the number of dead experts (no token in that step); overall, `experts/max_over_mean` and
+`experts/cv` are the means over the MoE layers and `experts/dead` the dead experts of all MoE layers together
+(out of num_moe_layers x E). Every `heatmap_every_n_steps` it sums the
 counts of the window over the data-parallel ranks (all ranks join the reduction), and rank 0 draws a
-layer x expert heatmap to TensorBoard and to `heatmap_path` (PNG)."""
+layer x expert heatmap to TensorBoard or Weights & Biases and to `heatmap_path` (PNG)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-from lumina.training.expert_stats import draw_heatmap, load_stats
+from lumina.training.expert_stats import draw_heatmap, figure_rgb, load_stats
 
 
 class ExpertUsageCallback(L.Callback):
@@ -42,6 +44,7 @@ class ExpertUsageCallback(L.Callback):
             self._window = self._window + step_load
         stats = load_stats(step_load)
         scalars = {f"experts/{name}": values.mean().item() for name, values in stats.items()}
+        scalars["experts/dead"] = stats["dead"].sum().item()
         if self.per_layer:
             first = _first_moe_layer(pl_module)
             for name, values in stats.items():
@@ -64,6 +67,8 @@ class ExpertUsageCallback(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_figure("experts/load_heatmap", figure, global_step=step, close=False)
+            elif isinstance(logger, WandbLogger):
+                logger.log_image(key="experts/load_heatmap", images=[figure_rgb(figure)], step=step)
         if self.heatmap_path is not None:
             self.heatmap_path.parent.mkdir(parents=True, exist_ok=True)
             figure.savefig(self.heatmap_path)

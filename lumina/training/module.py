@@ -63,6 +63,7 @@ class LuminaModule(L.LightningModule):
         self.last_step_expert_load: torch.Tensor | None = None  # [L, E] counts of the last optimizer step
         self._expert_load_accum: torch.Tensor | None = None
         self.loss_history: list[float] = []  # train/loss per optimizer step (this process)
+        self._resumed_rng: dict[str, Any] | None = None  # a checkpoint's RNG state, until the next train batch
 
     # ---- model ----
     def configure_model(self) -> None:
@@ -78,6 +79,7 @@ class LuminaModule(L.LightningModule):
             model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
                                 device=self.device)
         self.frozen_names = freeze_parameters(model, self.freeze_globs)
+        self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
         self.model = model
 
     def forward(self, batch: PackedBatch):
@@ -121,6 +123,9 @@ class LuminaModule(L.LightningModule):
 
     # ---- per-optimizer-step bookkeeping ----
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._resumed_rng is not None:  # see on_load_checkpoint
+            _set_rng_state(self._resumed_rng)
+            self._resumed_rng = None
         if self._step_t0 is None:
             self._step_t0 = time.perf_counter()
 
@@ -204,7 +209,9 @@ class LuminaModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- exact resume: RNG state travels with the checkpoint ----
-    # (stored as tensors and plain Python values so that torch.load(weights_only=True) reads them)
+    # (stored as tensors and plain Python values so that torch.load(weights_only=True) reads them). Training
+    # draws from torch's global RNG (the routers' selection noise); the restore waits for the first resumed
+    # batch, because creating the DataLoader's iterator after the load draws from that RNG too.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["lumina_rng"] = {
@@ -215,13 +222,15 @@ class LuminaModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("lumina_rng")
-        if state is None:
-            return
-        torch.set_rng_state(state["torch"])
-        n = state["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-        random.setstate(state["python"])
+        self._resumed_rng = checkpoint.get("lumina_rng")
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the torch, numpy and Python RNGs from `on_save_checkpoint`'s record."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate(state["python"])
 
 
 def _plain(config: Any) -> dict[str, Any]:

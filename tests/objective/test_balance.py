@@ -114,3 +114,92 @@ def test_objective_adds_coef_times_balance_loss() -> None:
     assert result.balance_loss.item() == pytest.approx(expected, rel=1e-6)
     assert result.loss.item() == pytest.approx(expected, rel=1e-6)
     assert result.expert_load.tolist() == [[2.0, 2.0, 0.0, 2.0]]
+
+
+def _routed(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k of sigmoid(logits) [..., E] -> ids [..., k] (the router's rule without groups or bias)."""
+    return torch.sigmoid(logits).topk(k, dim=-1).indices
+
+
+@pytest.mark.parametrize("p_source", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_gradient_descent_on_the_balance_loss_moves_load_off_the_overloaded_expert(p_source: str,
+                                                                                   scope: str) -> None:
+    # 64 tokens, 8 experts, top-2; expert 5 is the first choice of every token (it carries 32 of 128 slots)
+    torch.manual_seed(0)
+    tokens, experts, k = 64, 8, 2
+    logits = (0.3 * torch.randn(1, tokens, experts)).index_add(2, torch.tensor([5]), torch.full((1, tokens, 1), 2.0))
+    logits.requires_grad_(True)
+    valid = torch.ones(1, tokens, dtype=torch.bool)
+    segments = {}
+    if scope == "sequence":  # two samples packed
+        segments = dict(segment_ids=(torch.arange(tokens) >= 40).long().unsqueeze(0), num_segments=2)
+    ids = _routed(logits.detach(), k)
+    before = expert_load([ids], valid, experts)[0]
+    assert before[5] == tokens
+
+    balance_loss([logits], [ids], valid, p_source, **segments).backward()
+    grad = logits.grad[0]
+    # the overloaded expert's logit has a positive gradient at every token (descent lowers it); the others,
+    # each below the mean load, have negative ones (descent raises them)
+    assert (grad[:, 5] > 0).all()
+    others = [e for e in range(experts) if e != 5 and before[e] < before.mean()]
+    assert others and (grad[:, others] < 0).all()
+
+    with torch.no_grad():
+        stepped = logits - 2000.0 * logits.grad  # one descent step
+    after = expert_load([_routed(stepped, k)], valid, experts)[0]
+    assert after[5] < before[5] / 2
+    assert after.max() / after.mean() < before.max() / before.mean()
+
+
+def test_sequence_scope_sees_a_collapse_that_the_pack_average_hides() -> None:
+    # two samples: sample A puts all its tokens on experts 0 and 1, sample B on 2 and 3; over the pack every
+    # expert carries a quarter of the slots, so the batch loss is at its minimum for that f and has no pull
+    experts, k, per_sample = 4, 2, 8
+    logits = torch.zeros(1, 2 * per_sample, experts)
+    logits[0, :per_sample, :2] = 1.0
+    logits[0, per_sample:, 2:] = 1.0
+    logits.requires_grad_(True)
+    ids = _routed(logits.detach(), k)
+    valid = torch.ones(1, 2 * per_sample, dtype=torch.bool)
+    seg = (torch.arange(2 * per_sample) >= per_sample).long().unsqueeze(0)
+
+    batch = balance_loss([logits], [ids], valid, "sigmoid")
+    (batch_grad,) = torch.autograd.grad(batch, logits)
+    sequence = balance_loss([logits], [ids], valid, "sigmoid", segment_ids=seg, num_segments=2)
+    (seq_grad,) = torch.autograd.grad(sequence, logits)
+
+    assert batch.item() == pytest.approx(1.0, abs=1e-6)  # E * sum_i (1/E) P_i = sum_i P_i = 1
+    assert batch_grad.abs().max().item() < 1e-7
+    # per sample: f = 1/2 on its two experts, P = s/(2s + 2*0.5) there -> E * 2 * 1/2 * P
+    s = 1 / (1 + math.exp(-1.0))
+    assert sequence.item() == pytest.approx(experts * s / (2 * s + 1), rel=1e-6)
+    assert (seq_grad[0, :per_sample, :2] > 0).all() and (seq_grad[0, :per_sample, 2:] < 0).all()
+    assert (seq_grad[0, per_sample:, 2:] > 0).all() and (seq_grad[0, per_sample:, :2] < 0).all()
+
+
+def test_sequence_scope_is_the_mean_of_per_sample_losses_and_skips_padding() -> None:
+    # two samples of 2 and 1 valid tokens, then tail padding (segment id 2 = no segment) and an invalid row
+    logits, topk = LOGITS + [[0.0, 0.0, 5.0, 5.0]], TOPK + [[2, 3]]
+    valid = [True, True, False, True, False]
+    seg = torch.tensor([[0, 0, 0, 1, 2]])
+    got = balance_loss([torch.tensor([logits])], [torch.tensor([topk])], torch.tensor([valid]), "sigmoid",
+                       segment_ids=seg, num_segments=2)
+    first = naive_loss(LOGITS[:3], TOPK[:3], [True, True, False], "sigmoid")
+    second = naive_loss([LOGITS[3]], [TOPK[3]], [True], "sigmoid")
+    assert got.item() == pytest.approx((first + second) / 2, rel=1e-6)
+
+
+def test_objective_sequence_scope_reads_the_packs_segments() -> None:
+    logits, topk, _ = tensors()
+    out = HandOutput(text_logits=torch.zeros(0, 5), text_rows=torch.zeros(0, dtype=torch.long),
+                     image_logits=torch.zeros(0, 2, 3), image_rows=torch.zeros(0, dtype=torch.long),
+                     router_logits=[logits], router_topk_ids=[topk])
+    batch = make_batch([1, 1, 1, 0], torch.full((1, 4, 2), -100), token_valid=VALID)
+    batch.cu_seqlens = torch.tensor([0, 1, 3], dtype=torch.int32)  # samples [0, 1) and [1, 3); row 3 is tail
+    cfg = ObjectiveConfig(balance=BalanceConfig(aux_coef=0.1, aux_scope="sequence", bias_update=False))
+    result = LuminaObjective(cfg)(out, batch)
+    expected = 0.1 * (naive_loss(LOGITS[:1], TOPK[:1], [True], "sigmoid")
+                      + naive_loss(LOGITS[1:3], TOPK[1:3], [True, True], "sigmoid")) / 2
+    assert result.balance_loss.item() == pytest.approx(expected, rel=1e-6)

@@ -12,13 +12,14 @@ from lumina.objective import BalanceConfig, ObjectiveConfig
 def test_hydra_instantiates_nested_balance() -> None:
     node = OmegaConf.create({"_target_": "lumina.objective.ObjectiveConfig", "text_weight": 0.5,
                              "text_weighting": "inverse_t",
-                             "balance": {"aux_coef": 0.001, "p_source": "softmax", "bias_update": False,
-                                         "bias_rate": 0.002}})
+                             "balance": {"aux_coef": 0.001, "aux_scope": "sequence", "p_source": "softmax",
+                                         "bias_update": False, "bias_rate": 0.002, "selection_noise": 0.03}})
     cfg = instantiate(node)
     assert isinstance(cfg, ObjectiveConfig) and isinstance(cfg.balance, BalanceConfig)
     assert cfg.to_dict() == {"text_weight": 0.5, "image_weight": 1.0, "text_weighting": "inverse_t",
-                             "balance": {"aux_coef": 0.001, "p_source": "softmax", "bias_update": False,
-                                         "bias_rate": 0.002}, "validate": True}
+                             "balance": {"aux_coef": 0.001, "aux_scope": "sequence", "p_source": "softmax",
+                                         "bias_update": False, "bias_rate": 0.002, "selection_noise": 0.03},
+                             "validate": True}
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -28,6 +29,8 @@ def test_hydra_instantiates_nested_balance() -> None:
     ({"balance": {"p_source": "relu"}}, "p_source"),
     ({"balance": {"aux_coef": -0.1}}, "aux_coef"),
     ({"balance": {"bias_rate": float("inf")}}, "bias_rate"),
+    ({"balance": {"aux_scope": "token"}}, "aux_scope"),
+    ({"balance": {"selection_noise": -0.01}}, "selection_noise"),
     ({"balance": 3}, "balance"),
 ])
 def test_bad_values_raise_naming_the_field(kwargs: dict, field: str) -> None:

@@ -82,3 +82,24 @@ def test_scheduler_needs_a_horizon():
 def test_bad_optim_config_names_the_field(field, value):
     with pytest.raises(ConfigError, match=f"optim.{field}="):
         OptimConfig(**{field: value})
+
+
+def test_adamw_is_fused_where_torch_has_the_kernel_unless_configured_off():
+    model = LuminaModel(LuminaConfig.tiny())
+    assert build_optimizer(model, OptimConfig()).defaults["fused"] is True  # plain CPU tensors
+    assert not build_optimizer(model, OptimConfig(fused=False)).defaults["fused"]
+    # one step of each from the same gradients: the same update up to fp32 rounding
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    updates = []
+    for fused in (True, False):
+        optimizer = build_optimizer(model, OptimConfig(fused=fused))
+        optimizer.step()
+        updates.append({n: p.detach() - before[n] for n, p in model.named_parameters()})
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(before[n])
+    for name, update in updates[0].items():
+        assert update.abs().max() > 0, name
+        torch.testing.assert_close(update, updates[1][name], rtol=1e-4, atol=1e-7, msg=name)

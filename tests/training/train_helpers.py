@@ -30,9 +30,10 @@ def compose_train(overrides: list[str]) -> DictConfig:
         return compose("train", overrides=overrides)
 
 
-def run_cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python -m lumina.train ARGS` in a fresh process (what `lumina-train` runs)."""
-    env = dict(os.environ)
+def run_cli(args: list[str], cwd: Path, timeout: int = 300,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m lumina.train ARGS` in a fresh process (what `lumina-train` runs), with `env` added."""
+    env = {**os.environ, **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", "lumina.train", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)

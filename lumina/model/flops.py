@@ -1,0 +1,131 @@
+"""Analytic FLOPs of one training step of a `LuminaModel` on one pack.
+
+Convention (what `torch.utils.flop_counter.FlopCounterMode` counts, and what MFU divides by):
+- only matrix products count, a multiply-add is 2 FLOPs; norms, activations, RoPE, softmax and the loss's
+  elementwise work are left out;
+- training = 3 x forward for the GEMMs: the backward of each product forms the gradients of both operands
+  (2 products), and every operand here needs one (embedding outputs and weights included). The fused head
+  losses form those gradients in their forward; they are the same 3 products per head;
+- training = 3.5 x forward for attention's two products (Q K^T, P V): fused attention backwards (flash,
+  memory-efficient, SDPA's CPU kernel) recompute Q K^T before the 4 gradient products, and
+  FlopCounterMode counts that recompute too;
+- activation recompute (`gradient_checkpointing` full or selective) is not counted: these are model FLOPs, so
+  MFU under checkpointing understates how busy the hardware is (PaLM, appendix B);
+- attention counts the (query, key) pairs its backend computes, per query head: S^2 per pack for
+  `sdpa_dense` (masked pairs included), the sum of L_i^2 over the segments for `segmented` and
+  `flash_varlen`, and the pairs the block-diffusion mask lets through for `flex`, which skips masked blocks
+  (at its 128 x 128 block granularity it computes somewhat more);
+- every position of the pack runs through the backbone (tail padding too) and through k routed experts plus
+  the shared one; the text head runs on supervised text rows, the channel head and the C codebook heads on
+  supervised image rows, `img_embeddings_proj` on image input rows (types 2 and 4);
+- left out: the attention backends' O(S hd^2) fill of fully masked padding rows (under 1% at 3% padding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lumina.attention import build_spec
+from lumina.data.batch import PackedBatch
+from lumina.model.config import LuminaConfig
+
+IMAGE_INPUT_TYPES = (2, 4)
+TEXT_ANSWER, IMAGE_ANSWER = 3, 4
+IGNORE = -100
+SEGMENT_BACKENDS = ("segmented", "flash_varlen")
+ATTENTION_PARTS = ("attention_core", "channel_attention")  # 3.5 x forward in training; the other parts 3 x
+
+
+@dataclass(frozen=True)
+class PackCounts:
+    """What sets a pack's FLOPs: positions through the backbone, image input rows, supervised text and image
+    rows, and the attention (query, key) pairs its backend computes."""
+
+    rows: int
+    image_input_rows: int
+    text_rows: int
+    image_rows: int
+    attention_pairs: int
+
+
+def segment_lengths(batch: PackedBatch) -> list[int]:
+    """The pack's segment lengths (from seg_bounds, else one host read of cu_seqlens)."""
+    bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
+    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def visible_pairs(batch: PackedBatch) -> int:
+    """(query, key) pairs the block-diffusion rules allow inside each segment, valid rows only (one host read)."""
+    spec = build_spec(batch, backend="segmented")
+    bounds = spec.bounds
+    counts = [spec.allowed(slice(a, b), slice(a, b)).sum() for a, b in zip(bounds, bounds[1:], strict=False)]
+    return int(torch.stack(counts).sum()) if counts else 0
+
+
+def attention_pairs(batch: PackedBatch, backend: str) -> int:
+    """Per query head, the (query, key) pairs `backend` computes on `batch` (see the module docstring)."""
+    batch_size, seq_len = batch.type_ids.shape
+    if backend == "sdpa_dense":
+        return batch_size * seq_len * seq_len
+    if backend in SEGMENT_BACKENDS:
+        return batch_size * sum(length * length for length in segment_lengths(batch))
+    if backend == "flex":
+        return batch_size * visible_pairs(batch)
+    raise ValueError(f"attention backend {backend!r}: no FLOP count (expected sdpa_dense, segmented, "
+                     "flash_varlen or flex; resolve 'auto' first)")
+
+
+def pack_counts(batch: PackedBatch, backend: str) -> PackCounts:
+    """The counts of one pack as `LuminaModel.forward` selects rows (one host read)."""
+    types = batch.type_ids.reshape(-1)
+    image_inputs = (types == IMAGE_INPUT_TYPES[0]) | (types == IMAGE_INPUT_TYPES[1])
+    if batch.labels is None:
+        text = image = torch.zeros((), dtype=torch.long, device=types.device)
+    else:
+        labels = batch.labels.reshape(types.numel(), -1)
+        text = ((types == TEXT_ANSWER) & (labels[:, 0] != IGNORE)).sum()
+        image = ((types == IMAGE_ANSWER) & (labels != IGNORE).any(dim=1)).sum()
+    inputs, text, image = torch.stack([image_inputs.sum(), text, image]).tolist()
+    return PackCounts(rows=types.numel(), image_input_rows=inputs, text_rows=text, image_rows=image,
+                      attention_pairs=attention_pairs(batch, backend))
+
+
+def forward_flops(config: LuminaConfig, counts: PackCounts) -> dict[str, int]:
+    """Forward FLOPs of one pack by part: embed, attention (projections), attention_core (Q K^T and P V),
+    dense_ffn, router, experts (the k routed ones), shared_expert, combine (weighting the k outputs),
+    text_head, channel_head (its linear layers), channel_attention, image_heads."""
+    c = config
+    hidden, rows = c.hidden_size, counts.rows
+    heads_width = c.num_attention_heads * c.head_dim
+    qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    dense_layers, moe_layers = c.first_k_dense_replace, c.num_moe_layers
+    k = c.num_experts_per_tok
+    # channel head (width D = H) per supervised image row, C positions: condition_proj, then per block qkv, proj,
+    # the MLP and adaLN (6D) on every position, and the causal C x C attention (computed dense); the final adaLN
+    width, positions = hidden, c.num_codebooks
+    per_block = positions * width * width * (3 + 1 + 2 * c.channel_mlp_ratio + 6)
+    channel_per_row = hidden * width + c.channel_depth * per_block + positions * width * 2 * width
+    parts = {
+        "embed": counts.image_input_rows * c.num_codebooks * hidden * hidden,
+        "attention": c.num_hidden_layers * rows * hidden * (qkv_width + heads_width),
+        "attention_core": c.num_hidden_layers * 2 * counts.attention_pairs * heads_width,
+        "dense_ffn": dense_layers * rows * 3 * hidden * c.intermediate_size,
+        "router": moe_layers * rows * hidden * c.num_experts,
+        "experts": moe_layers * rows * k * 3 * hidden * c.moe_intermediate_size,
+        "shared_expert": moe_layers * rows * 3 * hidden * c.shared_expert_size,
+        "combine": moe_layers * rows * k * hidden,
+        "text_head": counts.text_rows * hidden * c.vocab_size,
+        "channel_head": counts.image_rows * channel_per_row,
+        "channel_attention": counts.image_rows * c.channel_depth * 2 * positions * positions * width,
+        "image_heads": counts.image_rows * c.num_codebooks * width * c.codebook_size,
+    }
+    return {name: 2 * macs for name, macs in parts.items()}
+
+
+def training_flops(config: LuminaConfig, counts: PackCounts) -> int:
+    """Forward + backward FLOPs of one pack: 3 x the forward GEMMs, 3.5 x attention (module docstring)."""
+    parts = forward_flops(config, counts)
+    attention = sum(parts[name] for name in ATTENTION_PARTS)
+    return 3 * (sum(parts.values()) - attention) + 7 * attention // 2
