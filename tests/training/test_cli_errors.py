@@ -31,14 +31,11 @@ def test_cli_bad_config_is_one_line(args, expected, tmp_path):
     assert "Traceback" not in result.stderr + result.stdout
 
 
-@pytest.mark.parametrize(("arg", "expected"), [
-    ("trainer.max_steps=abc", "lumina-train: error: trainer.max_steps='abc': must be an integer >= 1"),
-    ("trainer.precision=fp8", "lumina-train: error: trainer.precision='fp8': must be one of"),
-])
-def test_cli_bad_trainer_value_is_one_line_and_exit_2(arg, expected, tmp_path):
-    result = run_cli([arg, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+def test_cli_bad_trainer_value_is_one_line_and_exit_2(tmp_path):
+    result = run_cli(["trainer.max_steps=abc", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert result.returncode == 2
     lines = stderr_lines(result)
+    expected = "lumina-train: error: trainer.max_steps='abc': must be an integer >= 1"
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
@@ -56,6 +53,7 @@ def test_cli_bad_trainer_value_is_one_line_and_exit_2(arg, expected, tmp_path):
     (["model.freeze=[no_such_param.*]"], r"model.freeze='no_such_param.\*': matches no parameter"),
     (["ckpt_path=/nonexistent/last.ckpt"], r"ckpt_path='/nonexistent/last.ckpt'"),
     (["trainer.max_steps=-1", "trainer.fast_dev_run=false"], r"trainer.max_steps=-1: must be >= 1"),
+    (["trainer.precision=fp8"], r"trainer.precision='fp8': must be one of"),
     (["trainer.accumulate_grad_batches=0"], r"trainer.accumulate_grad_batches=0: must be an integer >= 1"),
     (["trainer.limit_val_batches=1.5"], r"trainer.limit_val_batches=1.5: must be an integer >= 0 or a float"),
     (["trainer.gradient_clip_val=-1"], r"trainer.gradient_clip_val=-1: must be a number >= 0"),
