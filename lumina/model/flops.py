@@ -78,7 +78,9 @@ def attention_pairs(batch: PackedBatch, backend: str) -> int:
 
 
 def pack_counts(batch: PackedBatch, backend: str) -> PackCounts:
-    """The counts of one pack as `LuminaModel.forward` selects rows (one host read)."""
+    """The counts of one pack as `LuminaModel.forward` selects rows (one host read). A window of a pack
+    (sequence parallelism) counts its own rows and its share of the pack's attention: every rank of the group
+    attends over the whole pack with heads / sp, the pack's pairs x rows / pack rows per query head."""
     types = batch.type_ids.reshape(-1)
     image_inputs = (types == IMAGE_INPUT_TYPES[0]) | (types == IMAGE_INPUT_TYPES[1])
     if batch.labels is None:
@@ -88,8 +90,13 @@ def pack_counts(batch: PackedBatch, backend: str) -> PackCounts:
         text = ((types == TEXT_ANSWER) & (labels[:, 0] != IGNORE)).sum()
         image = ((types == IMAGE_ANSWER) & (labels != IGNORE).any(dim=1)).sum()
     inputs, text, image = torch.stack([image_inputs.sum(), text, image]).tolist()
+    if batch.whole is None:
+        pairs = attention_pairs(batch, backend)
+    else:  # this window's share, rounded so that the windows' shares add up
+        total, start, stop = attention_pairs(batch.whole, backend), batch.window_start, batch.window_start + batch.seq_len
+        pairs = total * stop // batch.pack_len - total * start // batch.pack_len
     return PackCounts(rows=types.numel(), image_input_rows=inputs, text_rows=text, image_rows=image,
-                      attention_pairs=attention_pairs(batch, backend))
+                      attention_pairs=pairs)
 
 
 def forward_flops(config: LuminaConfig, counts: PackCounts) -> dict[str, int]:

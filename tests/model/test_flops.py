@@ -100,3 +100,14 @@ def test_heads_cost_only_supervised_rows(world_pack) -> None:
     analytic = [training_flops(config, c) for c in (before, after)]
     assert measured[0] - measured[1] > 0.05 * measured[0]
     assert analytic[0] - analytic[1] == pytest.approx(measured[0] - measured[1], rel=0.02)
+
+
+@pytest.mark.parametrize("backend", ["sdpa_dense", "segmented"])
+def test_sequence_parallel_windows_add_up_to_the_pack(world_pack, backend: str) -> None:
+    """Each sp rank counts its own rows and 1/sp of the pack's attention (it attends with heads / sp)."""
+    from lumina.distributed.sequence import SequenceShard
+
+    whole = pack_counts(world_pack, backend)
+    windows = [pack_counts(SequenceShard(rank, 2, 0).local(world_pack), backend) for rank in (0, 1)]
+    for field in ("rows", "image_input_rows", "text_rows", "image_rows", "attention_pairs"):
+        assert sum(getattr(w, field) for w in windows) == getattr(whole, field), field
