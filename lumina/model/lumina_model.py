@@ -78,8 +78,14 @@ class LuminaModel(nn.Module):
     def backbone(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states [B, S, H]."""
         spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict)
+        self._set_pack_rows(batch)
         embeds, _ = self.model.embed(batch.input_ids, batch.type_ids)
         return self.model.decode(embeds, batch.position_ids, spec)[0]
+
+    def _set_pack_rows(self, batch: PackedBatch) -> None:
+        """Tell the routers which rows of its pack `batch` holds: their selection noise is drawn per pack."""
+        for moe in self.moe_layers():
+            moe.gate.pack_rows = (batch.window_start, batch.pack_len)
 
     def text_head(self, h_rows: torch.Tensor) -> torch.Tensor:
         """h_rows [N, H] -> text logits [N, V]."""
@@ -149,8 +155,7 @@ class LuminaModel(nn.Module):
         cfg = self.config
         check = cfg.check_finite
         spec = build_spec(batch, backend=self.model.attn_backend, strict=cfg.attn_strict)
-        for moe in self.moe_layers():  # the routers' selection noise is drawn per pack (see Router)
-            moe.gate.pack_rows = (batch.window_start, batch.pack_len)
+        self._set_pack_rows(batch)
         text_rows, image_rows, codes = self.select_rows(batch)
         embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
         check_finite(check, "embeddings", embeds, code_embeds)
