@@ -38,7 +38,7 @@ import numpy as np
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.noise import NoiseConfig
-from lumina.data.packing import best_fit_decreasing
+from lumina.data.packing import best_fit
 from lumina.data.sources import LayoutSource, PackSource, SyntheticSource
 
 
@@ -71,7 +71,7 @@ def next_fit_fill(lengths: list[int], seq_len: int) -> float:
 
 def fill_row(name: str, lengths: list[int], seq_len: int) -> str:
     t0 = time.perf_counter()
-    packing = best_fit_decreasing(lengths, seq_len, np.random.default_rng(0), overlong="skip")
+    packing = best_fit(lengths, seq_len, np.random.default_rng(0), "longest_first", overlong="skip")
     dt = time.perf_counter() - t0
     return (f"| {name} | {seq_len} | {len(lengths)} | {np.mean(lengths):.0f} | {len(packing.skipped)} | "
             f"{packing.num_packs} | **{packing.fill_ratio:.4f}** | {next_fit_fill(lengths, seq_len):.4f} | "

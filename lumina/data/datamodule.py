@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from lumina.data.assets import DatasetAssets, copy_assets
 from lumina.data.dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
-from lumina.data.packing import OVERLONG_POLICIES
+from lumina.data.packing import OVERLONG_POLICIES, PACK_ORDERS
 from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
 from lumina.data.sources import MixtureSource, PackSource
 
@@ -54,6 +54,7 @@ class DataConfig:
     persistent_workers: bool = True
     prefetch_factor: int | None = None
     overlong: str = "error"  # OverlongPolicy: "error" | "skip" (a plain str so OmegaConf can type it)
+    pack_order: str = "shuffled"  # PackOrder: "shuffled" (tasks mixed in every pack) | "longest_first"
     pad_id: int | None = PAD_TOKEN_ID  # None: the data's own (resolved by the data factory)
     num_codebooks: int | None = 8      # None: the data's own
     sources: list[SourceSpec] = field(default_factory=list)
@@ -69,6 +70,8 @@ class DataConfig:
             raise ValueError(f"DataConfig.num_workers={self.num_workers}: must be >= 0")
         if self.overlong not in OVERLONG_POLICIES:
             raise ValueError(f"DataConfig.overlong={self.overlong!r}: expected one of {OVERLONG_POLICIES}")
+        if self.pack_order not in PACK_ORDERS:
+            raise ValueError(f"DataConfig.pack_order={self.pack_order!r}: expected one of {PACK_ORDERS}")
         if self.num_codebooks is not None and self.num_codebooks <= 0:
             raise ValueError(f"DataConfig.num_codebooks={self.num_codebooks}: must be positive")
         if self.samples_per_epoch is not None and self.samples_per_epoch <= 0:
@@ -116,7 +119,8 @@ class LuminaDataModule(L.LightningDataModule):
         self.train_source, self.val_source = train_source, val_source
         self.assets = assets  # the tokenizers the data records (copied into the HF export)
         self.schedule = PackSchedule(train_source.lengths, config.seq_len, config.seed,
-                                     config.overlong, train_source.sample_id)  # type: ignore[arg-type]
+                                     config.overlong, train_source.sample_id,  # type: ignore[arg-type]
+                                     order=config.pack_order)  # type: ignore[arg-type]
         self.cursor_callback = PackCursorCallback(self.schedule)
         self.mixture_callback = (MixtureLogCallback(train_source) if isinstance(train_source, MixtureSource)
                                  else None)
@@ -179,7 +183,7 @@ class LuminaDataModule(L.LightningDataModule):
             return []
         cfg = self.config
         plan = plan_epoch(self.val_source.lengths(0), cfg.seq_len, cfg.val_seed, 0, cfg.overlong,
-                          self.val_source.sample_id)
+                          self.val_source.sample_id, cfg.pack_order)  # type: ignore[arg-type]
         packs = deal(plan.num_packs, 0, self.rank, self.world_size)
         dataset = PackedDataset(self.val_source, cfg.seq_len, cfg.pad_id, cfg.num_codebooks)
         return self._loader(dataset, FixedSampler(keys_for(plan, packs)))

@@ -1,9 +1,14 @@
-"""Packing: laid-out sample lengths -> packs of `seq_len` (best-fit decreasing), and packs -> `PackedBatch`.
+"""Packing: laid-out sample lengths -> packs of `seq_len` (best fit), and packs -> `PackedBatch`.
 
-`best_fit_decreasing` only sees lengths, so an epoch's whole plan is computed up front from stored lengths.
-Samples are placed longest first (ties in a seeded random order); each goes into the open pack with the
-least room that still fits it, else into a new pack. Room lookup is a Fenwick tree over the free capacity
-0..seq_len, so packing n samples costs O(n log seq_len).
+`best_fit` only sees lengths, so an epoch's whole plan is computed up front from stored lengths. Samples
+are placed in a seeded random order ("shuffled") or longest first ("longest_first", best-fit decreasing,
+ties in a seeded order); each goes into the open pack with the least room that still fits it, else into a
+new pack. Room lookup is a Fenwick tree over the free capacity 0..seq_len, so packing n samples costs
+O(n log seq_len).
+
+Longest first groups samples of similar length, so its packs each hold one or two of the world's five tasks
+(a step then trains those alone); the shuffled order puts all five in 82% of the packs at the same fill
+(99.67% at seq_len 2048, `experiments/bench/data.py`).
 
 `collate_pack` concatenates the laid-out sequences of one pack and pads the tail to `seq_len`.
 """
@@ -22,11 +27,13 @@ from lumina.data.sequence import TrainingSequence
 
 OverlongPolicy = Literal["error", "skip"]
 OVERLONG_POLICIES = ("error", "skip")
+PackOrder = Literal["shuffled", "longest_first"]
+PACK_ORDERS = ("shuffled", "longest_first")
 
 
 @dataclass(frozen=True)
 class Packing:
-    """packs[p] = sample indices of pack p (longest first); pack_tokens[p] = their summed length;
+    """packs[p] = sample indices of pack p (in placement order); pack_tokens[p] = their summed length;
     skipped = indices of samples longer than seq_len (policy "skip"), in index order."""
 
     seq_len: int
@@ -90,18 +97,20 @@ class _FreeRoom:
         return room, pack
 
 
-def best_fit_decreasing(lengths: Sequence[int], seq_len: int, rng: np.random.Generator,
-                        overlong: OverlongPolicy = "error",
-                        sample_id: Callable[[int], str] | None = None) -> Packing:
+def best_fit(lengths: Sequence[int], seq_len: int, rng: np.random.Generator, order: PackOrder = "shuffled",
+             overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None) -> Packing:
     """Pack samples of the given laid-out lengths into packs of at most `seq_len` tokens.
 
     No sample is split. A sample longer than `seq_len` raises ValueError naming it (policy "error") or is
-    left out and listed in `Packing.skipped` (policy "skip"). `rng` orders samples of equal length.
+    left out and listed in `Packing.skipped` (policy "skip"). `rng` draws the placement order (`order`
+    "shuffled") or orders samples of equal length ("longest_first").
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be positive")
     if overlong not in OVERLONG_POLICIES:
         raise ValueError(f"overlong={overlong!r}: expected one of {OVERLONG_POLICIES}")
+    if order not in PACK_ORDERS:
+        raise ValueError(f"order={order!r}: expected one of {PACK_ORDERS}")
     lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
     name = sample_id or (lambda i: f"#{i}")
     if lens.size and lens.min() <= 0:
@@ -112,12 +121,13 @@ def best_fit_decreasing(lengths: Sequence[int], seq_len: int, rng: np.random.Gen
         i = int(too_long[0])
         raise ValueError(f"sample {name(i)} (index {i}) has laid-out length {int(lens[i])} > seq_len={seq_len} "
                          f"({too_long.size} such samples); raise seq_len or set overlong='skip'")
-    order = rng.permutation(lens.size)
-    order = order[np.argsort(-lens[order], kind="stable")]  # longest first, ties in the seeded order
+    placement = rng.permutation(lens.size)
+    if order == "longest_first":
+        placement = placement[np.argsort(-lens[placement], kind="stable")]  # ties in the seeded order
     room = _FreeRoom(seq_len)
     members: list[list[int]] = []
     used: list[int] = []
-    for i in order.tolist():
+    for i in placement.tolist():
         n = int(lens[i])
         if n > seq_len:
             continue

@@ -1,8 +1,8 @@
 """The epoch plan (which samples form which pack, in which order), dealing packs to data-parallel ranks,
 and the global pack cursor that makes a resume exact.
 
-Plan of epoch e: best-fit decreasing over that epoch's laid-out lengths (ties ordered by an RNG seeded by
-(seed, e)), then the pack order shuffled by a second RNG seeded by (seed, e). Every process computes the
+Plan of epoch e: best fit over that epoch's laid-out lengths (placement order drawn, or ties of the
+longest-first order broken, by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG seeded by (seed, e). Every process computes the
 same plan from the same lengths, so nothing but (epoch, cursor) needs saving.
 
 Dealing: the cursor counts packs of the plan already handed out (all ranks together). At each step rank r
@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from lumina.data.packing import OverlongPolicy, Packing, best_fit_decreasing
+from lumina.data.packing import OverlongPolicy, Packing, PackOrder, best_fit
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ class EpochPlan:
 
 
 def plan_epoch(lengths: Sequence[int], seq_len: int, seed: int, epoch: int, overlong: OverlongPolicy = "error",
-               sample_id: Callable[[int], str] | None = None) -> EpochPlan:
+               sample_id: Callable[[int], str] | None = None, order: PackOrder = "shuffled") -> EpochPlan:
     """The plan of `epoch` from that epoch's laid-out lengths (after its seeded CFG dropout)."""
-    packing = best_fit_decreasing(lengths, seq_len, np.random.default_rng([seed, epoch, 0]), overlong, sample_id)
+    packing = best_fit(lengths, seq_len, np.random.default_rng([seed, epoch, 0]), order, overlong, sample_id)
     order = np.random.default_rng([seed, epoch, 1]).permutation(packing.num_packs)
     return EpochPlan(epoch, packing, tuple(order.tolist()), tuple(int(n) for n in lengths))
 
@@ -114,9 +114,9 @@ class PackSchedule:
 
     def __init__(self, lengths: Callable[[int], Sequence[int]], seq_len: int, seed: int,
                  overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, order: PackOrder = "shuffled") -> None:
         _check_world(rank, world_size)
-        self.lengths_fn, self.seq_len, self.seed = lengths, seq_len, seed
+        self.lengths_fn, self.seq_len, self.seed, self.order = lengths, seq_len, seed, order
         self.overlong, self.sample_id = overlong, sample_id
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
@@ -134,7 +134,7 @@ class PackSchedule:
         epoch = self.epoch if epoch is None else epoch
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = plan_epoch(self.lengths_fn(epoch), self.seq_len, self.seed, epoch, self.overlong,
-                                    self.sample_id)
+                                    self.sample_id, self.order)
             plan = self._plan
             log.info("epoch %d: %d samples -> %d packs of %d tokens, fill ratio %.4f", epoch, len(plan.lengths),
                      plan.num_packs, self.seq_len, plan.fill_ratio)
@@ -175,7 +175,8 @@ class PackSchedule:
     def state_dict(self) -> dict:
         plan = self.plan()
         return {"epoch": self.epoch, "cursor": self.cursor, "world_size": self.world_size, "seed": self.seed,
-                "seq_len": self.seq_len, "num_packs": plan.num_packs, "fingerprint": plan.fingerprint()}
+                "seq_len": self.seq_len, "pack_order": self.order, "num_packs": plan.num_packs,
+                "fingerprint": plan.fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at (epoch, cursor); applied now, and again by `begin(epoch)` if the trainer re-enters it."""
@@ -186,6 +187,10 @@ class PackSchedule:
             if state[key] != getattr(self, key):
                 raise ValueError(f"resume state has {key}={state[key]}, but the data config has "
                                  f"{key}={getattr(self, key)}")
+        saved_order = state.get("pack_order", "longest_first")  # states saved before the option existed
+        if saved_order != self.order:
+            raise ValueError(f"resume state was packed with pack_order={saved_order!r}, but the data config has "
+                             f"data.pack_order={self.order!r}; set data.pack_order={saved_order} to resume it")
         self._apply(state)
         self._pending = dict(state)
 

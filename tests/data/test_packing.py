@@ -1,4 +1,4 @@
-"""Best-fit-decreasing packing and pack collation."""
+"""Best-fit packing (shuffled and longest-first placement) and pack collation."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from lumina.data.packing import best_fit_decreasing, collate_pack
+from lumina.data.packing import best_fit, collate_pack
 from lumina.data.sequence import TrainingSequence
 
 PAD = 156892
 
 
 def naive_best_fit_loads(lengths: list[int], seq_len: int) -> list[int]:
-    """Reference BFD: longest first, each into the open pack with least room that fits (linear scan)."""
+    """Reference best fit over `lengths` in the given order: each into the open pack with least room that
+    fits (linear scan)."""
     loads: list[int] = []
-    for n in sorted(lengths, reverse=True):
+    for n in lengths:
         fits = [p for p, used in enumerate(loads) if seq_len - used >= n]
         if fits:
             best = min(fits, key=lambda p: seq_len - loads[p])
@@ -33,7 +34,7 @@ def long_tailed(n: int, seq_len: int, seed: int) -> list[int]:
 def test_hand_example() -> None:
     # 5 -> A (room 3); 4 -> B (room 4); 3 -> A (best fit, room 0); 3 -> B (room 1); 2 -> C (room 6); 1 -> B
     lengths = [3, 5, 1, 4, 2, 3]
-    p = best_fit_decreasing(lengths, 8, np.random.default_rng(0))
+    p = best_fit(lengths, 8, np.random.default_rng(0), "longest_first")
     contents = sorted(sorted(lengths[i] for i in pack) for pack in p.packs)
     assert contents == [[1, 3, 4], [2], [3, 5]]
     assert sorted(p.pack_tokens) == [2, 8, 8]
@@ -43,36 +44,53 @@ def test_hand_example() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("seq_len", [64, 1000])
-def test_invariants_and_reference(seed: int, seq_len: int) -> None:
+@pytest.mark.parametrize("order", ["shuffled", "longest_first"])
+def test_invariants_and_reference(seed: int, seq_len: int, order: str) -> None:
     lengths = long_tailed(400, seq_len, seed)
-    p = best_fit_decreasing(lengths, seq_len, np.random.default_rng(seed))
+    p = best_fit(lengths, seq_len, np.random.default_rng(seed), order)  # type: ignore[arg-type]
     flat = [i for pack in p.packs for i in pack]
     assert sorted(flat) == list(range(len(lengths)))  # every sample exactly once, none split
     for pack, tokens in zip(p.packs, p.pack_tokens, strict=True):
         assert sum(lengths[i] for i in pack) == tokens <= seq_len
     assert p.fill_ratio == pytest.approx(sum(lengths) / (p.num_packs * seq_len))
-    assert sorted(p.pack_tokens) == naive_best_fit_loads(lengths, seq_len)
+    placed = ([lengths[i] for i in np.random.default_rng(seed).permutation(len(lengths))] if order == "shuffled"
+              else sorted(lengths, reverse=True))
+    assert sorted(p.pack_tokens) == naive_best_fit_loads(placed, seq_len)
     assert p.num_packs >= -(-sum(lengths) // seq_len)
 
 
-def test_equal_lengths_ordered_by_seed() -> None:
+@pytest.mark.parametrize("order", ["shuffled", "longest_first"])
+def test_equal_lengths_ordered_by_seed(order: str) -> None:
     lengths = [4] * 12
-    a = best_fit_decreasing(lengths, 8, np.random.default_rng(1))
-    b = best_fit_decreasing(lengths, 8, np.random.default_rng(1))
-    c = best_fit_decreasing(lengths, 8, np.random.default_rng(2))
+    a = best_fit(lengths, 8, np.random.default_rng(1), order)  # type: ignore[arg-type]
+    b = best_fit(lengths, 8, np.random.default_rng(1), order)  # type: ignore[arg-type]
+    c = best_fit(lengths, 8, np.random.default_rng(2), order)  # type: ignore[arg-type]
     assert a.packs == b.packs
     assert a.packs != c.packs
     assert sorted(a.pack_tokens) == [8] * 6
 
 
+def test_shuffled_mixes_lengths_that_longest_first_groups() -> None:
+    """Two kinds of sample (long 16, short 4): longest first packs the long ones in pairs, then the short
+    ones; the shuffled order puts both kinds in most packs, at a similar fill."""
+    lengths = [16] * 40 + [4] * 80
+    kinds = {}
+    for order in ("shuffled", "longest_first"):
+        p = best_fit(lengths, 32, np.random.default_rng(0), order)  # type: ignore[arg-type]
+        kinds[order] = sum(len({lengths[i] for i in pack}) == 2 for pack in p.packs) / p.num_packs
+        assert p.fill_ratio > 0.9
+    assert kinds["longest_first"] == 0
+    assert kinds["shuffled"] >= 0.6
+
+
 def test_overlong_error_names_sample() -> None:
     with pytest.raises(ValueError, match=r"sample s2 \(index 2\) has laid-out length 9 > seq_len=8"):
-        best_fit_decreasing([3, 8, 9, 10], 8, np.random.default_rng(0), sample_id=lambda i: f"s{i}")
+        best_fit([3, 8, 9, 10], 8, np.random.default_rng(0), sample_id=lambda i: f"s{i}")
 
 
 def test_overlong_skip_counts() -> None:
     lengths = [3, 8, 9, 10, 5]
-    p = best_fit_decreasing(lengths, 8, np.random.default_rng(0), overlong="skip")
+    p = best_fit(lengths, 8, np.random.default_rng(0), overlong="skip")
     assert p.skipped == (2, 3)
     assert sorted(i for pack in p.packs for i in pack) == [0, 1, 4]
 
@@ -80,12 +98,14 @@ def test_overlong_skip_counts() -> None:
 @pytest.mark.parametrize("bad", [[3, 0], [-1]])
 def test_nonpositive_length_raises(bad: list[int]) -> None:
     with pytest.raises(ValueError, match="lengths must be >= 1"):
-        best_fit_decreasing(bad, 8, np.random.default_rng(0))
+        best_fit(bad, 8, np.random.default_rng(0))
 
 
 def test_bad_policy_raises() -> None:
     with pytest.raises(ValueError, match="overlong='truncate'"):
-        best_fit_decreasing([1], 8, np.random.default_rng(0), overlong="truncate")  # type: ignore[arg-type]
+        best_fit([1], 8, np.random.default_rng(0), overlong="truncate")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="order='sorted'"):
+        best_fit([1], 8, np.random.default_rng(0), "sorted")  # type: ignore[arg-type]
 
 
 def make_seq(sid: str, n: int, base: int, c: int = 2) -> TrainingSequence:

@@ -13,9 +13,10 @@ from lumina.data.sources import SyntheticSource
 BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8, 14, 2, 3, 4, 13, 5, 6]
 
 
-def make_schedule(world: int, rank: int = 0, seed: int = 7) -> PackSchedule:
+def make_schedule(world: int, rank: int = 0, seed: int = 7, order: str = "shuffled") -> PackSchedule:
     src = SyntheticSource(BASE, num_codebooks=2, drop_prob=0.5, drop=3)
-    return PackSchedule(src.lengths, 16, seed, rank=rank, world_size=world, sample_id=src.sample_id)
+    return PackSchedule(src.lengths, 16, seed, rank=rank, world_size=world, sample_id=src.sample_id,
+                        order=order)  # type: ignore[arg-type]
 
 
 def test_deal_by_hand() -> None:
@@ -119,3 +120,19 @@ def test_load_state_mismatch_raises() -> None:
         make_schedule(1).load_state_dict({**state, "cursor": 999})
     with pytest.raises(ValueError, match=r"lacks \['cursor'\]"):
         make_schedule(1).load_state_dict({k: v for k, v in state.items() if k != "cursor"})
+    with pytest.raises(ValueError, match="pack_order='shuffled', but the data config has data.pack_order="
+                                         "'longest_first'"):
+        make_schedule(1, order="longest_first").load_state_dict(state)
+    old = {k: v for k, v in state.items() if k != "pack_order"}  # saved before the option: longest first
+    with pytest.raises(ValueError, match="set data.pack_order=longest_first to resume it"):
+        make_schedule(1).load_state_dict(old)
+
+
+def test_pack_order_changes_the_plan_not_the_samples() -> None:
+    src = SyntheticSource(BASE, num_codebooks=2, drop_prob=0.5, drop=3)
+    shuffled, longest = (plan_epoch(src.lengths(0), 16, 7, 0, order=o) for o in ("shuffled", "longest_first"))
+    assert shuffled.fingerprint() != longest.fingerprint()
+    for plan in (shuffled, longest):
+        assert sorted(i for p in range(plan.num_packs) for i in plan.pack(p)) == list(range(len(BASE)))
+    first = longest.packing.packs[0]  # longest first: the first pack opens with the longest sample
+    assert longest.lengths[first[0]] == max(longest.lengths)
