@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GUIDANCE_TARGETS = ("hidden", "logits")
+
 
 @dataclass(frozen=True)
 class TextSamplingConfig:
@@ -48,7 +50,8 @@ class ImageSamplingConfig:
 
     steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
     cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then
-    cfg_scale must be 0); batch_size: prompts per forward (all guidance branches run in the same pack).
+    cfg_scale must be 0); guidance: what the scales act on, "hidden" (the final hidden states, contract 6.3) or
+    "logits" (each codebook's logits in the channel head, all branches fed the same sampled codes); batch_size: prompts per forward (all guidance branches run in the same pack).
     Defaults are the official text-to-image ones (contract 6.3: 96 steps, s = 3.0, temperature 1.0); the
     official editing defaults are steps=64, cfg_scale=1.0."""
 
@@ -57,12 +60,15 @@ class ImageSamplingConfig:
     cfg_scale: float = 3.0
     text_scale: float = 0.0
     image_scale: float = 0.0
+    guidance: str = "hidden"
     top_k: int | None = None
     top_p: float | None = None
     batch_size: int = 8
     seed: int = 65513
 
     def __post_init__(self) -> None:
+        if self.guidance not in GUIDANCE_TARGETS:
+            raise ValueError(f"ImageSamplingConfig.guidance={self.guidance!r}: expected one of {GUIDANCE_TARGETS}")
         for name in ("steps", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"ImageSamplingConfig.{name}={getattr(self, name)!r}: must be a positive integer")

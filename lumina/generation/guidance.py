@@ -1,5 +1,6 @@
 """Classifier-free guidance on the final hidden states of image-answer rows, before the channel head
-(contract 6.3)."""
+(contract 6.3), or on the channel head's logits per codebook (`ImageSamplingConfig.guidance="logits"`): the
+same formulas on tensors of any shape [N, D]."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 
 def guide_single(h_cond: torch.Tensor, h_uncond: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """h_cond, h_uncond [N, H] -> (1 + s) h_c - s h_u for s > 0; h_c for s = 0 (or no negative branch);
+    """h_cond, h_uncond [N, D] -> (1 + s) h_c - s h_u for s > 0; h_c for s = 0 (or no negative branch);
     h_u for s < 0."""
     if h_uncond is None or scale == 0:
         return h_cond
@@ -18,5 +19,5 @@ def guide_single(h_cond: torch.Tensor, h_uncond: torch.Tensor | None, scale: flo
 
 def guide_dual(h_cond: torch.Tensor, h_uncond_text: torch.Tensor, h_uncond_image: torch.Tensor,
                text_scale: float, image_scale: float) -> torch.Tensor:
-    """Editing with two scales: h_c + s_t (h_c - h_ut) + s_i (h_c - h_ui); all [N, H]."""
+    """Editing with two scales: h_c + s_t (h_c - h_ut) + s_i (h_c - h_ui); all [N, D]."""
     return h_cond + text_scale * (h_cond - h_uncond_text) + image_scale * (h_cond - h_uncond_image)

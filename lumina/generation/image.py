@@ -2,8 +2,9 @@
 
 A prompt's answer is a grid of h x w cells (plus row markers), all masked at the start. Each of the `steps`
 steps: one backbone forward over every prompt's guidance branches (one pack), guidance on the hidden states
-of the still-masked cells, the C codebooks of every masked cell sampled in order through the channel head,
-the new codes written into every branch, confidence = mean of the C probabilities, and the keep_k cells with
+of the still-masked cells (or, with `guidance="logits"`, on each codebook's logits, every branch's channel
+head fed the same sampled codes), the C codebooks of every masked cell sampled in order through the channel
+head, the new codes written into every branch, confidence = mean of the C probabilities, and the keep_k cells with
 the lowest log(confidence) + temperature * Gumbel masked again (cosine schedule; 0 at the last step).
 """
 
@@ -104,8 +105,12 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
 
     for step in range(config.steps):
         hidden = model.backbone(batch)[0]
-        guided = [_guide(hidden, cell_rows, i, masked[i], config, unguided[i]) for i in range(len(prompts))]
-        new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
+        if config.guidance == "logits" and len(branches) > 1:
+            guided = [hidden[cell_rows[0][i][masked[i]]] for i in range(len(prompts))]  # traced: h_c
+            new_codes, probs = _sample_logit_guided(model, hidden, cell_rows, masked, config, sample_fn)
+        else:
+            guided = [_guide(hidden, cell_rows, i, masked[i], config, unguided[i]) for i in range(len(prompts))]
+            new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
         confidence = probs.double().mean(dim=1)
         start = 0
         for i, n in enumerate(num_cells):
@@ -136,6 +141,29 @@ def _guide(hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]], i: int, ma
     if config.dual:
         return guide_dual(states[0], states[1], states[2], config.text_scale, config.image_scale)
     return guide_single(states[0], None if unguided or len(states) == 1 else states[1], config.cfg_scale)
+
+
+def _sample_logit_guided(model: nn.Module, hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]],
+                         masked: list[torch.Tensor], config: ImageSamplingConfig,
+                         sample_fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Guidance on logits: the channel head runs on every branch's masked-cell states [B * N, H] at once;
+    for each codebook the branches' logits [N, K] are combined like hidden states (`guide_single` /
+    `guide_dual`), one code per cell is sampled from the result, and every branch embeds that code for the
+    next codebook. -> (codes [N, C], probabilities [N, C]) under the guided distribution."""
+    states = [torch.cat([hidden[rows[i][m]] for i, m in enumerate(masked)]) for rows in cell_rows]
+
+    def guided_fn(logits: torch.Tensor, codebook: int) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = logits.chunk(len(cell_rows))
+        if config.dual:
+            combined = guide_dual(parts[0], parts[1], parts[2], config.text_scale, config.image_scale)
+        else:
+            combined = guide_single(parts[0], parts[1], config.cfg_scale)
+        tokens, probs = sample_fn(combined, codebook)
+        return tokens.repeat(len(cell_rows)), probs.repeat(len(cell_rows))
+
+    codes, probs = model.sample_image_codes(torch.cat(states), guided_fn)
+    num = states[0].shape[0]
+    return codes[:num], probs[:num]
 
 
 def _same_sequence(a: TrainingSequence, b: TrainingSequence) -> bool:

@@ -44,6 +44,47 @@ def test_first_step_guidance_equals_two_separate_forwards(tiny_model, tokens):
     assert not torch.allclose(trace[0].guided[0], h_c, atol=1e-3)
 
 
+@torch.no_grad()
+def test_logit_guidance_combines_each_codebooks_logits_and_feeds_both_branches_the_same_code(tiny_model, tokens):
+    """guidance="logits", one argmax step: every cell's code c is argmax((1 + s) l_c - s l_u), where l_c and l_u
+    are the channel head's logits on the conditional and <uncondition> branches, each fed the codes chosen so
+    far; a reference written here from the model's parts."""
+    s, grid, prompt_ids = 2.0, (2, 3), [20, 21, 22]
+    config = ImageSamplingConfig(steps=1, temperature=0.0, cfg_scale=s, guidance="logits")
+    (answer,) = generate_images(tiny_model, [Prompt([Text(prompt_ids)], key=7, grid=grid)], tokens, config)
+    cells = torch.tensor([2 + r * (grid[1] + 1) + c for r in range(grid[0]) for c in range(grid[1])])
+    hidden = []
+    for ids in (prompt_ids, [tokens.uncondition]):
+        head = layout_prompt([Text(ids)], tokens)
+        seq = concat_pieces([head, layout_image_answer(grid, tokens, turn=1, start_position=len(head))], "x")
+        hidden.append(_single_forward_rows(tiny_model, seq, cells + len(head)))
+    channel = tiny_model.multi_codebook_head
+    conds = [channel.condition_proj(h) for h in hidden]
+    prefixes = [c.new_zeros(c.shape[0], 0, c.shape[-1]) for c in conds]
+    expected, plain = [], []
+    for c in range(tokens.num_codebooks):
+        logits = [tiny_model.lm_img_head[c](channel.run(cond, prefix)[:, -1])
+                  for cond, prefix in zip(conds, prefixes, strict=True)]
+        code = ((1 + s) * logits[0] - s * logits[1]).argmax(-1)
+        expected.append(code)
+        plain.append(logits[0].argmax(-1))
+        embedded = tiny_model.model.img_embeddings[c](code).unsqueeze(1)
+        prefixes = [torch.cat([prefix, embedded], dim=1) for prefix in prefixes]
+    expected = torch.stack(expected, dim=1)
+    assert not torch.equal(expected, torch.stack(plain, dim=1))  # guidance changes some code here
+    assert torch.equal(answer.codes, expected)
+
+
+def test_logit_guidance_at_scale_zero_equals_no_guidance(tiny_model, tokens):
+    prompts = [Prompt([Text([20 + i])], key=i, grid=(2, 2)) for i in range(2)]
+    base = dict(steps=3, temperature=1.0, cfg_scale=0.0)
+    unguided = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(**base))
+    logits = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(**base, guidance="logits"))
+    assert all(torch.equal(a.codes, b.codes) for a, b in zip(unguided, logits, strict=True))
+    with pytest.raises(ValueError, match="guidance='probs'"):
+        ImageSamplingConfig(guidance="probs")
+
+
 def test_dual_guidance_first_step(tiny_model, tokens):
     st, si = 1.5, 0.5
     grid = (2, 2)
