@@ -41,7 +41,7 @@ def test_sp2_logs_the_losses_of_one_process(tmp_path: Path) -> None:
     sp2 = _train([*SP2, *common, f"hydra.run.dir={tmp_path / 'sp2'}"], tmp_path)
     assert sp2.returncode == 0, sp2.stderr[-3000:]
     want, got = _losses(tmp_path / "one"), _losses(tmp_path / "sp2")
-    assert len(want) == 4 and want[-1] < want[0]
+    assert len(want) == 4 and len(set(want)) == 4  # four steps on four different packs
     assert got == pytest.approx(want, abs=1e-4)
 
 
@@ -49,7 +49,8 @@ def test_sp2_logs_the_losses_of_one_process(tmp_path: Path) -> None:
     (["strategy.parallel.sp=3"], 2, "ParallelConfig.sp=3 does not divide the world size 2"),
     (["strategy.parallel.sp=2", "model.config.num_attention_heads=6", "model.config.num_key_value_heads=3"], 2,
      "strategy.parallel.sp=2 and num_key_value_heads=3: one must divide the other"),
-    (["strategy.parallel.sp=2", "strategy.parallel.conditional_rule=false"], 1,
+    # longest first: the first pack's first half holds no image target, so rank 0 skips the image head
+    (["strategy.parallel.sp=2", "strategy.parallel.conditional_rule=false", "data.pack_order=longest_first"], 1,
      "conditional modules disagree across ranks before backward"),
 ], ids=["sp_not_dividing_world", "sp_not_splitting_heads", "participation_check"])
 def test_a_failing_job_ends_every_rank_cleanly_with_one_error_line(tmp_path: Path, overrides, status,
