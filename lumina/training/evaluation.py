@@ -27,13 +27,13 @@ from lumina.generation.world_eval import (
 
 class GenerationEvalCallback(L.Callback):
     """every_n_steps: 0 = only at the end (at_end); num_items: items per task; image_steps / cfg_scale /
-    edit_cfg_scale / temperature / guidance: image sampling; text_block: text block length (= answer budget);
-    text_steps: text denoising steps per block."""
+    edit_cfg_scale / temperature / guidance: image sampling; text_length: answer budget in tokens; text_block:
+    text block length; text_steps: text denoising steps per block."""
 
     def __init__(self, dirpath: str, every_n_steps: int = 0, at_end: bool = True, split: str = "val",
                  num_items: int = 16, seed: int = 0, image_steps: int = 16, cfg_scale: float = 2.0,
                  edit_cfg_scale: float = 1.0, temperature: float = 1.0, text_block: int = 16,
-                 text_steps: int = 8, guidance: str = "hidden") -> None:
+                 text_steps: int = 8, guidance: str = "hidden", text_length: int = 16) -> None:
         if every_n_steps < 0:
             raise ValueError(f"GenerationEvalCallback.every_n_steps={every_n_steps}: must be >= 0")
         self.dirpath = Path(dirpath)
@@ -41,7 +41,7 @@ class GenerationEvalCallback(L.Callback):
         self.at_end = at_end
         self.config = WorldEvalConfig(
             split=split, num_items=num_items, seed=seed,
-            text=TextSamplingConfig(gen_length=text_block, block_length=text_block, steps=text_steps),
+            text=TextSamplingConfig(gen_length=text_length, block_length=text_block, steps=text_steps),
             image=ImageSamplingConfig(steps=image_steps, temperature=temperature, cfg_scale=cfg_scale,
                                       guidance=guidance),
             edit_image=ImageSamplingConfig(steps=image_steps, temperature=temperature, cfg_scale=edit_cfg_scale,

@@ -37,8 +37,8 @@ def trained(tmp_path_factory):
           "+callbacks.generation_eval._target_=lumina.training.evaluation.GenerationEvalCallback",
           f"+callbacks.generation_eval.dirpath={run_dir}/eval", "+callbacks.generation_eval.num_items=1",
           "+callbacks.generation_eval.every_n_steps=1",
-          "+callbacks.generation_eval.image_steps=2", "+callbacks.generation_eval.text_block=4",
-          "+callbacks.generation_eval.text_steps=2", f"hydra.run.dir={run_dir}"], cwd=run_dir)
+          "+callbacks.generation_eval.image_steps=2", "+callbacks.generation_eval.text_length=4",
+          "+callbacks.generation_eval.text_block=4", "+callbacks.generation_eval.text_steps=2", f"hydra.run.dir={run_dir}"], cwd=run_dir)
     return run_dir
 
 
