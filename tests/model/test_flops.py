@@ -44,7 +44,12 @@ def world_pack():
                          "options": {"num_samples": 24, "val_samples": 4}}]}
     dm = build_datamodule(data, config)
     dm.setup("fit")
-    return next(iter(dm.train_dataloader()))
+    for batch in dm.train_dataloader():  # the first pack with text and image targets, a source image, tail padding
+        counts = pack_counts(batch, "segmented")
+        padded = sum(segment_lengths(batch)) < batch.seq_len
+        if counts.text_rows and counts.image_rows and counts.image_input_rows > counts.image_rows and padded:
+            return batch
+    raise AssertionError("no pack holds text and image targets")
 
 
 def measured_flops(backend: str, batch) -> tuple[int, LuminaConfig]:
