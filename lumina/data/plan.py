@@ -1,9 +1,10 @@
 """The epoch plan (which samples form which pack, in which order), dealing packs to data-parallel ranks,
 and the global pack cursor that makes a resume exact.
 
-Plan of epoch e: best fit over that epoch's laid-out lengths (placement order drawn, or ties of the
-longest-first order broken, by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG seeded by (seed, e). Every process computes the
-same plan from the same lengths, so nothing but (epoch, cursor) needs saving.
+Plan of epoch e: best fit over that epoch's laid-out lengths (its placement order drawn, or the ties of the
+longest-first order broken, by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG
+seeded by (seed, e). Every process computes the same plan from the same lengths, so nothing but
+(epoch, cursor) needs saving.
 
 Dealing: the cursor counts packs of the plan already handed out (all ranks together). At each step rank r
 of W trains pack `cursor + r` and the cursor moves by W. A rank whose slot lies past the end gets an

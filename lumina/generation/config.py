@@ -51,7 +51,8 @@ class ImageSamplingConfig:
     steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
     cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then
     cfg_scale must be 0); guidance: what the scales act on, "hidden" (the final hidden states, contract 6.3) or
-    "logits" (each codebook's logits in the channel head, all branches fed the same sampled codes); batch_size: prompts per forward (all guidance branches run in the same pack).
+    "logits" (each codebook's logits in the channel head, all branches fed the same sampled codes);
+    batch_size: prompts per forward (all guidance branches run in the same pack).
     Defaults are the official text-to-image ones (contract 6.3: 96 steps, s = 3.0, temperature 1.0); the
     official editing defaults are steps=64, cfg_scale=1.0."""
 

@@ -4,8 +4,9 @@ A prompt's answer is a grid of h x w cells (plus row markers), all masked at the
 steps: one backbone forward over every prompt's guidance branches (one pack), guidance on the hidden states
 of the still-masked cells (or, with `guidance="logits"`, on each codebook's logits, every branch's channel
 head fed the same sampled codes), the C codebooks of every masked cell sampled in order through the channel
-head, the new codes written into every branch, confidence = mean of the C probabilities, and the keep_k cells with
-the lowest log(confidence) + temperature * Gumbel masked again (cosine schedule; 0 at the last step).
+head, the new codes written into every branch, confidence = mean of the C probabilities, and the keep_k
+cells with the lowest log(confidence) + temperature * Gumbel masked again (cosine schedule; 0 at the last
+step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lumina.generation.guidance import guide_dual, guide_single
 from lumina.generation.sampling import cosine_keep, gumbel, sample_tokens
 from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
 from lumina.generation.sync import max_over_ranks, model_device, prepare_for_sampling
+from lumina.model.channel_head import SampleFn
 
 
 @dataclass
@@ -145,7 +147,7 @@ def _guide(hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]], i: int, ma
 
 def _sample_logit_guided(model: nn.Module, hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]],
                          masked: list[torch.Tensor], config: ImageSamplingConfig,
-                         sample_fn) -> tuple[torch.Tensor, torch.Tensor]:
+                         sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
     """Guidance on logits: the channel head runs on every branch's masked-cell states [B * N, H] at once;
     for each codebook the branches' logits [N, K] are combined like hidden states (`guide_single` /
     `guide_dual`), one code per cell is sampled from the result, and every branch embeds that code for the
