@@ -1,5 +1,7 @@
 """Suite-wide fixtures."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,3 +14,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+STANDIN = Path(__file__).parent / "atoken_standin"
+
+
+@pytest.fixture
+def atoken_files(tmp_path, monkeypatch) -> dict[str, str]:
+    """The stand-in `atoken_inference` package (tests/atoken_standin) with a config and checkpoint written for
+    it, also exported as ATOKEN_CONFIG_PATH / ATOKEN_MODEL_PATH: {"config", "checkpoint", "package"}."""
+    config, checkpoint = tmp_path / "atoken-standin.yaml", tmp_path / "atoken-standin.pt"
+    config.write_text("model:\n  model_cfg:\n    arch_cfg:\n      patch_size: [4, 16, 16]\n      use_quantizer: true\n")
+    torch.save({"levels": torch.linspace(-1, 1, 4096)}, checkpoint)
+    monkeypatch.setenv("ATOKEN_CONFIG_PATH", str(config))
+    monkeypatch.setenv("ATOKEN_MODEL_PATH", str(checkpoint))
+    return {"config": str(config), "checkpoint": str(checkpoint), "package": str(STANDIN)}

@@ -2,9 +2,11 @@
 
     lumina-data build MANIFEST.jsonl... --out DIR [--tokenizer tokenizer.json] [--special-tokens official|tokenizer]
                       [--codebook-size K] [--num-codebooks C] [--on-error raise|skip] [--rows-per-shard N]
-                      [--image-tokenizer builtin|DIR] [--batch-size 64] [--workers 0] [--[no-]progress]
-    lumina-data build --imagefolder DIR --image-tokenizer builtin|DIR --out OUT [--tasks t2i,caption]
+                      [--image-tokenizer builtin|atoken|DIR] [--max-edge N] [--batch-size 64] [--workers 0]
+                      [--[no-]progress]
+    lumina-data build --imagefolder DIR --image-tokenizer builtin|atoken|DIR --out OUT [--tasks t2i,caption]
                       [--val-fraction 0.1] [--split-seed 0] [--caption-prompt TEXT] [--tokenizer tokenizer.json]
+    lumina-data tokenize-images IMAGE_OR_DIR... --out DIR [--image-tokenizer atoken|builtin|DIR] [--max-edge N]
     lumina-data fit-tokenizer IMAGE_OR_DIR... --out DIR [--codebooks 4] [--codebook-size 64] [--patch 4]
                       [--image-size 32] [--heldout 0.1] [--seed 0] [--kmeans-iters 20] [--max-patches 200000]
                       [--workers 0]
@@ -16,7 +18,12 @@
 OUT/train and OUT/val) to Parquet shards; image and video files are encoded by the visual tokenizer, which is
 saved beside the shards (OUT/visual_tokenizer/, with the text tokenizer as OUT/tokenizer.json) and recorded in
 them. Without --tokenizer an image folder's captions get a word-level vocabulary of their own words.
-`fit-tokenizer` fits the built-in residual-VQ tokenizer on image files and reports its held-out PSNR; `world`
+`tokenize-images` writes one official token file per image (DIR/<stem>.pkl: indices, coords, image_width,
+image_height, as the official tools/tokenize_image.py), which the official inference scripts and lumina both
+read. Image files keep their aspect ratio: the long edge is resized to --max-edge (default: the tokenizer's
+image size; AToken's is 1024) and each side centre-cropped to a multiple of the patch. `--image-tokenizer
+atoken` drives the official AToken (options --atoken-config / --atoken-model / --atoken-package, else
+$ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; --device, default CUDA). `fit-tokenizer` fits the built-in residual-VQ tokenizer on image files and reports its held-out PSNR; `world`
 writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
 row counts, settings, recorded tokenizers and length statistics. Bad input ends the process with one line on
 stderr and exit status 2.
@@ -81,11 +88,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     from lumina.data.imagefolder import caption_words, metadata_rows, split_rows
     from lumina.data.ingest import PixelEncoder
     from lumina.data.tokenizers.text import HFTokenizer, WordTokenizer
-    from lumina.data.tokenizers.visual import load_visual_tokenizer
 
     if bool(args.manifests) == bool(args.imagefolder):
         raise ValueError("give manifests or --imagefolder DIR (one of the two)")
-    visual = load_visual_tokenizer(args.image_tokenizer) if args.image_tokenizer else None
+    visual = _visual(args) if args.image_tokenizer else None
     if args.imagefolder and visual is None:
         raise ValueError("--imagefolder needs --image-tokenizer builtin|DIR (a directory from fit-tokenizer)")
     out = Path(args.out)
@@ -100,7 +106,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     assets = save_assets(out, text_path, visual)
     pixels = None if visual is None else PixelEncoder(
         visual, args.batch_size, args.workers, _progress(sys.stderr.isatty() if args.progress is None
-                                                         else args.progress))
+                                                         else args.progress), args.max_edge)
     common = dict(tokens=tokens, tokenizer=tokenizer, on_error=args.on_error, rows_per_shard=args.rows_per_shard,
                   source=args.source, pixels=pixels, assets=assets)
     if args.imagefolder:
@@ -114,6 +120,37 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"skipped {s.manifest}:{s.line}: {s.reason}", file=sys.stderr)
         print(f"wrote {report.rows_written} rows to {len(report.shards)} shards in {out / split}; "
               f"skipped {report.rows_skipped} rows")
+    return 0
+
+
+def _visual(args: argparse.Namespace):
+    from lumina.data.visual_tokenizers import load_visual_tokenizer
+
+    return load_visual_tokenizer(args.image_tokenizer, args.device, args.atoken_config, args.atoken_model,
+                                 args.atoken_package)
+
+
+def cmd_tokenize_images(args: argparse.Namespace) -> int:
+    import torch
+
+    from lumina.data.pixels import Preparation, image_files, read_image, to_signed
+    from lumina.data.token_files import token_file_dict
+
+    visual = _visual(args)
+    prep = Preparation(visual.image_size if args.max_edge is None else args.max_edge, visual.patch_size)
+    files = image_files(args.images)
+    stems = [f.stem for f in files]
+    repeated = sorted({s for s in stems if stems.count(s) > 1})
+    if repeated:
+        raise ValueError(f"image files share the stems {repeated}; each writes <stem>.pkl, so they would collide")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for file in files:
+        pixels = read_image(file, prep)
+        codes, grid = visual.encode(to_signed(pixels[None]))
+        path = out / f"{file.stem}.pkl"
+        torch.save(token_file_dict(codes[0], grid, image_size=pixels.shape[:2]), path)
+        print(f"saved={path} grid={grid[0]}x{grid[1]} token_length={codes.shape[1]}")
     return 0
 
 
@@ -168,6 +205,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _image_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-edge", type=int, help="resize each image's long edge to N px before the centre crop to "
+                   "multiples of the patch (0: keep the size; default: the tokenizer's image size)")
+    p.add_argument("--atoken-config", help="AToken config yaml (default $ATOKEN_CONFIG_PATH)")
+    p.add_argument("--atoken-model", help="AToken checkpoint (default $ATOKEN_MODEL_PATH)")
+    p.add_argument("--atoken-package", help="the official checkout holding atoken_inference/ (default: PYTHONPATH)")
+    p.add_argument("--device", help="where AToken runs (default cuda; it stops without CUDA unless set, e.g. cpu)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lumina-data", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -182,7 +228,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise")
     b.add_argument("--rows-per-shard", type=int, default=4096)
     b.add_argument("--source", default="default", help="source name for rows without one")
-    b.add_argument("--image-tokenizer", help="'builtin' or a directory from fit-tokenizer: encodes image files")
+    b.add_argument("--image-tokenizer", help="'builtin', 'atoken' or a directory from fit-tokenizer: encodes image "
+                   "files")
+    _image_options(b)
     b.add_argument("--batch-size", type=int, default=64, help="images per encode call")
     b.add_argument("--workers", type=int, default=0, help="processes reading image files (0: this one)")
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -193,13 +241,20 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--split-seed", type=int, default=0)
     b.add_argument("--caption-prompt", default="describe the image .", help="imagefolder: the caption task's prompt")
     b.set_defaults(func=cmd_build)
+    t = sub.add_parser("tokenize-images", help="image files -> official token files (<stem>.pkl)")
+    t.add_argument("images", nargs="+", help="image files or directories (PNG, JPEG, WebP, BMP)")
+    t.add_argument("--out", required=True)
+    t.add_argument("--image-tokenizer", default="atoken", help="'atoken' (default), 'builtin' or a directory")
+    _image_options(t)
+    t.set_defaults(func=cmd_tokenize_images)
     f = sub.add_parser("fit-tokenizer", help="fit the built-in image tokenizer on image files")
     f.add_argument("images", nargs="+", help="image files or directories (PNG, JPEG, WebP)")
     f.add_argument("--out", required=True)
     f.add_argument("--codebooks", type=int, default=4)
     f.add_argument("--codebook-size", type=int, default=64)
     f.add_argument("--patch", type=int, default=4)
-    f.add_argument("--image-size", type=int, default=32)
+    f.add_argument("--image-size", type=int, default=32, help="long edge the images are resized to; the "
+                   "tokenizer's default --max-edge")
     f.add_argument("--heldout", type=float, default=0.1, help="share of images held out for the PSNR report")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--kmeans-iters", type=int, default=20)

@@ -1,7 +1,8 @@
 """`lumina-data fit-tokenizer IMAGES... --out DIR`: fit the built-in residual-VQ tokenizer on your own images.
 
-The image files are read like a build reads them (`lumina.data.pixels`: RGB, EXIF orientation, short side
-resized to `image_size`, centre crop; a bad file raises naming it), by `workers` processes. A seeded
+The image files are read like a build reads them (`lumina.data.pixels`: RGB, long edge resized to
+`image_size`, centre crop to multiples of the patch, aspect ratio kept; a bad file raises naming it), by
+`workers` processes; the images may differ in size. A seeded
 round(heldout_fraction * N) of them (at least one when the fraction is > 0 and N >= 2) is held out; the
 tokenizer is fitted on the rest (`fit_rvq`) and its reconstruction PSNR on the held-out images reported.
 Everything is deterministic in (files in order, settings, seed).
@@ -12,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from lumina.data.ingest import FrameReader
-from lumina.data.pixels import PixelError, to_signed
+from lumina.data.pixels import PixelError, Preparation, to_signed
 from lumina.data.tokenizers.image_rvq import RVQSettings
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer, fit_rvq
 
@@ -31,14 +31,14 @@ def heldout_indices(n: int, fraction: float, seed: int) -> list[int]:
     return sorted(torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count].tolist())
 
 
-def read_images(files: list[Path], size: int, workers: int = 0) -> np.ndarray:
-    """uint8 [N, S, S, 3] of image files, in order; the first unreadable one raises PixelError naming it."""
-    with FrameReader(size, workers) as reader:
+def read_images(files: list[Path], prep: Preparation, workers: int = 0) -> list[torch.Tensor]:
+    """float [3, H, W] in [-1, 1] of image files, in order; the first unreadable one raises PixelError naming it."""
+    with FrameReader(prep, workers) as reader:
         results = reader.submit([(f,) for f in files])()
     for result in results:
         if isinstance(result, PixelError):
             raise result
-    return np.concatenate(results) if results else np.zeros((0, size, size, 3), np.uint8)
+    return [to_signed(r)[0] for r in results]
 
 
 def fit_on_files(files: list[Path], settings: RVQSettings, image_size: int, heldout_fraction: float = 0.1,
@@ -46,10 +46,9 @@ def fit_on_files(files: list[Path], settings: RVQSettings, image_size: int, held
     """The fitted tokenizer and its report (fit_rvq's, plus the held-out file names)."""
     if image_size % settings.patch_size:
         raise ValueError(f"image_size={image_size}: must be a multiple of patch_size={settings.patch_size}")
-    pixels = to_signed(read_images(files, image_size, workers))
+    images = read_images(files, Preparation(image_size, settings.patch_size), workers)
     held = heldout_indices(len(files), heldout_fraction, settings.seed)
-    keep = torch.ones(len(files), dtype=torch.bool)
-    keep[held] = False
-    tokenizer, report = fit_rvq(pixels[keep], pixels[held], settings, max_patches)
+    train = [image for i, image in enumerate(images) if i not in held]
+    tokenizer, report = fit_rvq(train, [images[i] for i in held], settings, image_size, max_patches)
     report["heldout_files"] = [str(files[i]) for i in held]  # report is tokenizer.report: saved with it
     return tokenizer, report

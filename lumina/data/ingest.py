@@ -1,9 +1,11 @@
 """Streaming pixel encoding for `lumina-data build`: rows whose parts name image files become rows of codes.
 
 Rows arrive in manifest order and leave in the same order. They are taken in chunks of at least `batch_size`
-frames (at most 8 x batch_size rows); a chunk's files are read (`lumina.data.pixels.read_image`) in this process (workers=0) or by a pool of
-`workers` forked processes, which read the next chunk while this process encodes the current one. Images are
-encoded `batch_size` at a time; each video through `encode_video`. A file that cannot be read marks its row
+frames (at most 8 x batch_size rows); a chunk's files are read (`lumina.data.pixels.read_image`, the official
+`prepare_image`: long edge to max_edge, default the tokenizer's image_size; centre crop to multiples of the
+patch; aspect ratio kept) in this process (workers=0) or by a pool of `workers` forked processes, which read
+the next chunk while this process encodes the current one. Images of one size are encoded `batch_size` at a
+time; each video (its frames must come out the same size) through `encode_video`. A file that cannot be read marks its row
 failed (`PendingRow.error`, naming the part and the file); the other rows go on. The codes do not depend on
 `batch_size` or `workers`.
 """
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lumina.data.pixels import PixelError, read_image, to_signed
+from lumina.data.pixels import PixelError, Preparation, read_image, to_signed
 from lumina.data.schema import Media, Sample
 from lumina.data.tokenizers.visual import VisualTokenizer
 
@@ -51,26 +53,30 @@ class PendingRow:
                 if isinstance(p, PixelPart)]
 
 
-def read_frames(files: tuple[Path, ...], size: int) -> np.ndarray | PixelError:
-    """uint8 [F, S, S, 3], or the first file's error (returned, so that one bad file spoils only its row)."""
+def read_frames(files: tuple[Path, ...], prep: Preparation) -> np.ndarray | PixelError:
+    """uint8 [F, H, W, 3], or the first file's error (returned, so that one bad file spoils only its row)."""
     try:
-        return np.stack([read_image(f, size) for f in files])
+        frames = [read_image(f, prep) for f in files]
     except PixelError as exc:
         return exc
+    sizes = sorted({f.shape[:2] for f in frames})
+    if len(sizes) > 1:
+        return PixelError(f"frames {files[0]} ... come out at different sizes {sizes}; a video's frames must match")
+    return np.stack(frames)
 
 
-def _read_many(jobs: list[tuple[Path, ...]], size: int) -> list[np.ndarray | PixelError]:
-    return [read_frames(files, size) for files in jobs]
+def _read_many(jobs: list[tuple[Path, ...]], prep: Preparation) -> list[np.ndarray | PixelError]:
+    return [read_frames(files, prep) for files in jobs]
 
 
 class FrameReader:
     """Reads jobs (tuples of files) in this process or in `workers` forked processes; `submit` returns a
     function that gives the results in job order. Use as a context manager (stops the pool)."""
 
-    def __init__(self, size: int, workers: int = 0):
+    def __init__(self, prep: Preparation, workers: int = 0):
         if workers < 0:
             raise ValueError(f"workers={workers}: must be >= 0")
-        self.size, self.workers = size, workers
+        self.prep, self.workers = prep, workers
         self.pool = None
         if workers:
             # fork before any progress-bar thread starts; the workers only run Pillow and numpy
@@ -79,9 +85,9 @@ class FrameReader:
 
     def submit(self, jobs: list[tuple[Path, ...]]) -> Callable[[], list[np.ndarray | PixelError]]:
         if self.pool is None:
-            return lambda: _read_many(jobs, self.size)
+            return lambda: _read_many(jobs, self.prep)
         step = max(1, -(-len(jobs) // (2 * self.workers)))
-        futures = [self.pool.submit(_read_many, jobs[i:i + step], self.size) for i in range(0, len(jobs), step)]
+        futures = [self.pool.submit(_read_many, jobs[i:i + step], self.prep) for i in range(0, len(jobs), step)]
         return lambda: [r for f in futures for r in f.result()]
 
     def close(self) -> None:
@@ -112,26 +118,35 @@ def _chunks(rows: Iterable[PendingRow], frames_per_chunk: int) -> Iterator[list[
 
 def encode_images(tokenizer: VisualTokenizer, arrays: list[np.ndarray], batch_size: int
                   ) -> list[tuple[torch.Tensor, tuple[int, int]]]:
-    """uint8 [S, S, 3] images -> (codes [h * w, C], grid) each, encoded batch_size at a time."""
-    out = []
-    for start in range(0, len(arrays), batch_size):
-        codes, grid = tokenizer.encode(to_signed(arrays[start:start + batch_size]))
-        out += [(c, grid) for c in codes]
+    """uint8 [H, W, 3] images (any sizes) -> (codes [h * w, C], grid) each, in order; the images of one size
+    are encoded batch_size at a time."""
+    by_size: dict[tuple[int, ...], list[int]] = {}
+    for i, array in enumerate(arrays):
+        by_size.setdefault(array.shape, []).append(i)
+    out: list[tuple[torch.Tensor, tuple[int, int]]] = [None] * len(arrays)  # type: ignore[list-item]
+    for members in by_size.values():
+        for start in range(0, len(members), batch_size):
+            chosen = members[start:start + batch_size]
+            codes, grid = tokenizer.encode(to_signed([arrays[i] for i in chosen]))
+            for i, c in zip(chosen, codes, strict=True):
+                out[i] = (c, grid)
     return out
 
 
 class PixelEncoder:
     """Turns the PixelParts of streamed rows into Media through `tokenizer` (module docstring).
+    max_edge: the long edge images are resized to (None: the tokenizer's image_size; 0: keep the size);
     progress: called with the number of frames encoded after each chunk."""
 
     def __init__(self, tokenizer: VisualTokenizer, batch_size: int = 64, workers: int = 0,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, max_edge: int | None = None):
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size}: must be positive")
         self.tokenizer, self.batch_size, self.workers, self.progress = tokenizer, batch_size, workers, progress
+        self.prep = Preparation(tokenizer.image_size if max_edge is None else max_edge, tokenizer.patch_size)
 
     def __call__(self, rows: Iterable[PendingRow]) -> Iterator[PendingRow]:
-        with FrameReader(self.tokenizer.image_size, self.workers) as reader:
+        with FrameReader(self.prep, self.workers) as reader:
             waiting = None
             for chunk in _chunks(rows, self.batch_size):
                 jobs = [p.files for row in chunk for _, _, p in row.pixel_parts]

@@ -1,34 +1,59 @@
-"""Image files -> square pixel arrays of a visual tokenizer's size (through Pillow).
+"""Image files -> pixel arrays of any aspect ratio, prepared as the official InternLumina-U2 tools prepare them.
 
-Every image file is read the same way, by `lumina-data build`, `lumina-data fit-tokenizer` and `lumina-generate`:
-    1. formats: PNG, JPEG and WebP only (by content, not by file name);
-    2. the EXIF orientation is applied (`ImageOps.exif_transpose`), so a rotated phone photo comes out upright;
-    3. converted to RGB (greyscale and palette images expanded; an alpha channel is dropped, not composited);
-    4. resized so that the short side is S (the tokenizer's image size), aspect ratio kept, with LANCZOS
-       (no resize when the short side already is S);
-    5. the centre S x S square is cropped (offsets floor((W' - S) / 2), floor((H' - S) / 2)).
-An image whose short side is below S is refused (no upscaling); so is an unreadable, truncated or missing file.
-The result is uint8 [S, S, 3]; `to_signed` turns a stack of them into float [B, 3, S, S] in [-1, 1].
+Every image file is read the same way, by `lumina-data build`, `tokenize-images`, `fit-tokenizer` and
+`lumina-generate` (through Pillow):
+    1. formats: PNG, JPEG, WebP and BMP (the official tool's suffixes), by content, not by file name;
+    2. converted to RGB (greyscale and palette images expanded; an alpha channel is dropped, not composited);
+    3. with max_edge > 0 the long edge is resized to max_edge with LANCZOS, up or down, aspect ratio kept (new
+       size round(W * s), round(H * s), s = max_edge / max(W, H); no resize when that is the current size);
+       with upscale=False max_edge is a ceiling: an image whose long edge is already <= max_edge keeps its size;
+    4. each side is centre-cropped down to a multiple of the patch (offsets floor((W - W') / 2), floor((H - H') / 2)).
+An image with a side under one patch after step 3 is refused; so is an unreadable, truncated or missing file.
+The result is uint8 [H', W', 3]; `to_signed` turns a stack of equal-sized ones into float [B, 3, H', W'] in [-1, 1].
+
+The two official preparations are two settings of `Preparation`:
+    `tools/tokenize_image.py` `prepare_image` (build, tokenize-images): max_edge (default 1024; for lumina's
+        built-in tokenizer the image size it was fitted at), upscale=True;
+    `infer_mmu_sft.py` `prepare_image_for_encode` (lumina-generate's understanding and edit inputs):
+        --input_max_edge (default 0: keep the size) and --input_no_upscale (upscale=False).
+The official tools do not apply EXIF orientation, so neither does lumina (the tokens match theirs).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
-FORMATS = ("PNG", "JPEG", "WEBP")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 class PixelError(ValueError):
     """An image file that cannot become pixels; the message names the file."""
 
 
-def read_image(path: str | Path, size: int) -> np.ndarray:
-    """An image file -> uint8 [size, size, 3] (module docstring); raises PixelError naming the file."""
+@dataclass(frozen=True)
+class Preparation:
+    """How an image file becomes pixels (module docstring): max_edge 0 keeps the size."""
+
+    max_edge: int
+    patch: int
+    upscale: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_edge, int) or self.max_edge < 0:
+            raise ValueError(f"max_edge={self.max_edge!r}: must be a non-negative integer (0 keeps the size)")
+        if not isinstance(self.patch, int) or self.patch <= 0:
+            raise ValueError(f"patch={self.patch!r}: must be a positive integer")
+
+
+def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
+    """An image file -> uint8 [H, W, 3], H and W multiples of prep.patch (module docstring); raises PixelError
+    naming the file."""
     path = Path(path)
     if not path.is_file():
         raise PixelError(f"image file {path} does not exist")
@@ -37,27 +62,32 @@ def read_image(path: str | Path, size: int) -> np.ndarray:
             if opened.format not in FORMATS:
                 raise PixelError(f"image file {path} is {opened.format}; expected one of {', '.join(FORMATS)}")
             opened.load()
-            picture = ImageOps.exif_transpose(opened).convert("RGB")
+            picture = opened.convert("RGB")
     except UnidentifiedImageError as exc:
         raise PixelError(f"image file {path} is not a readable image ({exc})") from exc
     except OSError as exc:  # Pillow's "image file is truncated", broken data streams, ...
         raise PixelError(f"image file {path} is truncated or corrupt ({exc})") from exc
-    width, height = picture.size
-    if min(width, height) < size:
-        raise PixelError(f"image file {path} is {width}x{height} px, smaller than the tokenizer's {size}x{size} "
-                         "(images are never upscaled)")
-    if min(width, height) > size:
-        scale = size / min(width, height)
-        width, height = max(size, round(width * scale)), max(size, round(height * scale))
-        picture = picture.resize((width, height), Image.LANCZOS)
-    left, top = (width - size) // 2, (height - size) // 2
-    return np.array(picture.crop((left, top, left + size, top + size)), dtype=np.uint8)
+    size = picture.size
+    if prep.max_edge > 0 and (prep.upscale or max(size) > prep.max_edge):
+        scale = prep.max_edge / max(size)
+        size = (round(size[0] * scale), round(size[1] * scale))
+    p = prep.patch
+    if min(size) < p:
+        raise PixelError(f"image file {path} is {picture.size[0]}x{picture.size[1]} px, {size[0]}x{size[1]} after "
+                         f"resizing (max_edge={prep.max_edge}): a side is under one {p} px patch")
+    if size != picture.size:
+        picture = picture.resize(size, Image.LANCZOS)
+    width, height = size
+    crop_w, crop_h = width // p * p, height // p * p
+    left, top = (width - crop_w) // 2, (height - crop_h) // 2
+    return np.array(picture.crop((left, top, left + crop_w, top + crop_h)), dtype=np.uint8)
 
 
 def to_signed(arrays: np.ndarray | list[np.ndarray]) -> torch.Tensor:
-    """uint8 [B, S, S, 3] (or a list of [S, S, 3]) -> float32 [B, 3, S, S] in [-1, 1] (x / 127.5 - 1)."""
+    """uint8 [B, H, W, 3] (or a list of equal-sized [H, W, 3]) -> float32 [B, 3, H, W] in [-1, 1], computed as
+    the official tools do: x / 255 * 2 - 1."""
     stacked = np.stack(arrays) if isinstance(arrays, list) else arrays
-    return torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 127.5 - 1
+    return (torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 255.0) * 2 - 1
 
 
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
@@ -66,7 +96,7 @@ def to_uint8(pixels: torch.Tensor) -> np.ndarray:
 
 
 def image_files(paths: list[str | Path]) -> list[Path]:
-    """Files and directories (every PNG / JPEG / WebP file below, by suffix, sorted) -> image paths, in order."""
+    """Files and directories (every PNG / JPEG / WebP / BMP file below, by suffix, sorted) -> image paths, in order."""
     found: list[Path] = []
     for item in map(Path, paths):
         if item.is_dir():

@@ -12,9 +12,9 @@ from torch import nn
 
 from lumina.data.assets import VISUAL_DIR
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.data.tokenizers.text import HFTokenizer, TextTokenizer, WordTokenizer, special_tokens_of
-from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model, load_visual_tokenizer
+from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model
+from lumina.data.visual_tokenizers import BUILTIN, load_visual_tokenizer
 from lumina.model.config import LuminaConfig
 
 
@@ -49,11 +49,12 @@ def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float3
 
 
 def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, image_tokenizer: str = "auto",
-                device: str = "cpu") -> GenerationAssets:
+                device: str | None = None) -> GenerationAssets:
     """tokenizer: "world" (the built-in world tokenizers), a tokenizer.json path, or "auto" (the checkpoint's
     tokenizer.json when it has one, else the built-in world). image_tokenizer: "auto" (the checkpoint's
     visual_tokenizer/ when it has one, else the built-in world's with tokenizer=world, else none), "none",
-    "builtin" or a saved tokenizer directory; its codebooks must be the model's."""
+    "builtin", "atoken" or a saved tokenizer directory; its codebooks must be the model's. device: where the
+    visual tokenizer runs (None / "auto": its default; AToken's is CUDA)."""
     directory = Path(checkpoint)
     if tokenizer == "auto":
         tokenizer = str(directory / "tokenizer.json") if (directory / "tokenizer.json").is_file() else "world"
@@ -62,7 +63,7 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, im
         from lumina.data.world.dataset import world_special_tokens, world_text_tokenizer
 
         text = world_text_tokenizer()
-        image = visual or RVQVisualTokenizer.builtin()
+        image = visual or load_visual_tokenizer(BUILTIN)
         _check_fits(config, text.vocab_size, image.codebook_size, image.num_codebooks)
         return GenerationAssets(text, world_special_tokens(text, image), visual, "world")
     path = Path(tokenizer)
@@ -86,7 +87,7 @@ def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaCo
         if (checkpoint / VISUAL_DIR).is_dir():
             spec = str(checkpoint / VISUAL_DIR)
         elif world:
-            return RVQVisualTokenizer.builtin()
+            return load_visual_tokenizer(BUILTIN)
         else:
             return None
     visual = load_visual_tokenizer(spec, device=device)

@@ -2,8 +2,12 @@
 
 task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when a visual tokenizer decodes the codes (the
                      built-in world's, or the checkpoint's visual_tokenizer/ from its training data), else
-                     code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]}; t2i answers default to
-                     the tokenizer's image size; <out>/answers.jsonl lists every prompt and its file
+                     code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]}; the answer is height x
+                     width px (multiples of the patch; default: an edit's source size, else the tokenizer's
+                     image size square, as infer_t2i_sft.py's resolve_output_image_size); <out>/answers.jsonl
+                     lists every prompt and its file
+Image inputs (understand, edit) are prepared as infer_mmu_sft.py's prepare_image_for_encode does:
+input_max_edge (0: keep the size) and input_no_upscale, then a centre crop to multiples of the patch.
 task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
 task=eval          -> the built-in world evaluation: <out>/eval.json + <out>/samples.png
 """
@@ -18,7 +22,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lumina.data.pixels import read_image, to_signed
+from lumina.data.pixels import Preparation, read_image, to_signed
 from lumina.data.schema import Media, Part, Text
 from lumina.data.token_files import read_token_file, token_file_dict
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
@@ -29,7 +33,8 @@ from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
 
-DEFAULT_GRID = (8, 8)  # without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
+DEFAULT_GRID = (8, 8)  # t2i without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
+ATOKEN_PATCH = 16  # without a visual tokenizer, height / width are in AToken's 16 px patches
 TASKS = ("t2i", "edit", "understand", "text", "eval")
 TOKEN_SUFFIXES = (".pkl", ".pt")  # official token files; any other file is read as an image
 
@@ -43,7 +48,7 @@ def run(cfg: DictConfig) -> Path:
     device = _device(cfg.device)
     model = load_model(cfg.checkpoint, device=device, dtype=cfg.dtype)
     assets = load_assets(cfg.checkpoint, cfg.tokenizer, model.config, str(cfg.get("image_tokenizer", "auto")),
-                         device)
+                         cfg.device)  # as given: AToken refuses to leave CUDA unless a device is named
     text_cfg = TextSamplingConfig(**_plain(cfg.text))
     image_cfg = ImageSamplingConfig(**_plain(cfg.image))
     if task == "eval":
@@ -133,7 +138,8 @@ def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: 
     parts: list[Part] = []
     grid = None
     if request.get("image") is not None:
-        media = load_image(request["image"], assets)
+        media = load_image(request["image"], assets, cfg.get("input_max_edge", 0),
+                           cfg.get("input_no_upscale", False))
         parts.append(media)
         grid = tuple(media.grid)
     elif needs_image:
@@ -141,21 +147,31 @@ def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: 
                          "an 'image' key in prompts_file)")
     parts.append(Text(assets.text_tokenizer.encode(request["prompt"])))
     if image_answer:
-        grid = tuple(int(g) for g in cfg.grid) if cfg.get("grid") else grid or default_grid(assets)
+        grid = answer_grid(cfg, assets, grid)
     system = assets.text_tokenizer.encode(cfg.system) if cfg.get("system") else None
     return Prompt(parts, system=system, key=index, grid=grid if image_answer else None)
 
 
-def default_grid(assets: GenerationAssets) -> tuple[int, int]:
-    """The answer grid of t2i: the visual tokenizer's image size in cells (else DEFAULT_GRID)."""
+def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, int] | None) -> tuple[int, int]:
+    """The answer's (h, w) cells: cfg.height x cfg.width px (both, multiples of the patch), else the edit
+    source's grid, else the visual tokenizer's image size square (DEFAULT_GRID without one)."""
     tokenizer = assets.image_tokenizer
+    patch = ATOKEN_PATCH if tokenizer is None else tokenizer.patch_size
+    height, width = cfg.get("height"), cfg.get("width")
+    if height is not None or width is not None:
+        for name, value in (("height", height), ("width", width)):
+            if not isinstance(value, int) or value < patch or value % patch:
+                raise ValueError(f"{name}={value!r}: the answer's height and width must both be given, as positive "
+                                 f"multiples of the visual tokenizer's patch ({patch} px)")
+        return height // patch, width // patch
+    if source is not None:
+        return source
     if tokenizer is None:
         return DEFAULT_GRID
-    side = tokenizer.image_size // tokenizer.patch_size
-    return side, side
+    return tokenizer.image_size // patch, tokenizer.image_size // patch
 
 
-def load_image(path: str, assets: GenerationAssets) -> Media:
+def load_image(path: str, assets: GenerationAssets, max_edge: int = 0, no_upscale: bool = False) -> Media:
     """An official token file (.pkl / .pt, read by `lumina.data.token_files`) or, with a visual tokenizer, an
     image file read like the training data was (`lumina.data.pixels`) and encoded -> Media."""
     file = Path(path)
@@ -169,7 +185,8 @@ def load_image(path: str, assets: GenerationAssets) -> Media:
     if tokenizer is None:
         raise ValueError(f"image {path!r}: pixels need a visual tokenizer (image_tokenizer=builtin|DIR); or pass "
                          "a token file (.pt)")
-    codes, grid = tokenizer.encode(to_signed(read_image(file, tokenizer.image_size)[None]))
+    prep = Preparation(int(max_edge), tokenizer.patch_size, upscale=not no_upscale)
+    codes, grid = tokenizer.encode(to_signed(read_image(file, prep)[None]))
     return Media("image", codes[0], tuple(grid))
 
 

@@ -1,7 +1,6 @@
-"""The AToken adapter's glue, run against a small torch module with AToken's (assumed) call signature
-(`lumina/data/tokenizers/atoken.py`): encode(pixels [B, 3, T, H, W]) -> (indices [N, C], coords [N, 5]),
-decode(indices, coords) -> pixels [B, 3, T, H, W]. The module codes each 16 x 16 patch of a frame by its mean
-colour (codebooks 0-2: the three channels quantised to 16 levels; 3-7: zero) and returns the tokens shuffled."""
+"""The AToken adapter on the official wrapper's interface, run against the stand-in `atoken_inference` package
+(tests/atoken_standin: 16 px patches coded by their mean colour, codebooks 0-2 = channel means on 4096 levels,
+video coords [batch, t, x, y, z] emitted x-major). Expected codes are computed here from the painted colours."""
 
 from __future__ import annotations
 
@@ -9,101 +8,93 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 from lumina.data.tokenizers.atoken import ATokenTokenizer, ATokenUnavailable
-from lumina.data.tokenizers.visual import VisualTokenizerRecord, load_visual_tokenizer
+from lumina.data.tokenizers.visual import VisualTokenizerRecord
+from lumina.data.visual_tokenizers import load_visual_tokenizer
 
 P = 16
 
 
-class PatchMeanAToken(nn.Module):
-    def __init__(self, temporal_patch: int = 1, video_xy: bool = False):
-        super().__init__()
-        self.scale = nn.Parameter(torch.tensor(7.5))  # a parameter, so that the adapter can find the device
-        self.temporal_patch, self.video_xy = temporal_patch, video_xy
-
-    def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, _, t, h, w = pixels.shape
-        frames = pixels[:, :, ::self.temporal_patch]  # a temporal patch coded by its first frame
-        means = frames.reshape(b, 3, frames.shape[2], h // P, P, w // P, P).mean(dim=(4, 6))  # [B, 3, t, h', w']
-        levels = ((means + 1) * self.scale).round().clamp(0, 15).long()
-        grid = torch.stack(torch.meshgrid(*(torch.arange(n) for n in (b,) + tuple(levels.shape[2:])),
-                                          indexing="ij"), dim=-1).reshape(-1, 4)  # (batch, t, row, col)
-        codes = levels.permute(0, 2, 3, 4, 1).reshape(-1, 3)
-        indices = torch.cat([codes, torch.zeros(len(codes), 5, dtype=torch.long)], dim=1)
-        cols = (0, 1, 3, 2) if self.video_xy else (0, 1, 2, 3)  # video coords are (batch, t, x, y)
-        coords = torch.cat([grid[:, list(cols)], torch.zeros(len(grid), 1, dtype=torch.long)], dim=1)
-        order = torch.randperm(len(codes), generator=torch.Generator().manual_seed(0))
-        return indices[order].int(), coords[order].int()
-
-    def decode(self, indices: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        b, t, h, w = (int(coords[:, k].max()) + 1 for k in range(4))
-        out = torch.zeros(b, 3, t, h * P, w * P)
-        colours = indices[:, :3].float() / self.scale - 1
-        for (bi, ti, r, c, _), colour in zip(coords.tolist(), colours, strict=True):
-            out[bi, :, ti, r * P:(r + 1) * P, c * P:(c + 1) * P] = colour[:, None, None]
-        return out
+def painted(h: int, w: int, frames: int = 0) -> tuple[torch.Tensor, list]:
+    """[3, h*16, w*16] (or [frames, 3, ...] with frames in groups of 4) where cell (t, r, c) channel k is
+    -1 + n / 8, n = (t + r * w + c + k) % 17 (exact in bf16); and its expected codes [n*4095/16 rounded]."""
+    groups = max(1, frames // 4)
+    cells = torch.zeros(groups, 3, h, w)
+    expected = []
+    for t in range(groups):
+        for r in range(h):
+            for c in range(w):
+                n = [(t + r * w + c + k) % 17 for k in range(3)]
+                cells[t, :, r, c] = torch.tensor([-1 + v / 8 for v in n])
+                expected.append([round(v / 16 * 4095) for v in n] + [0] * 5)
+    pixels = cells.repeat_interleave(P, 2).repeat_interleave(P, 3)
+    if frames:
+        return pixels.repeat_interleave(4, 0), expected
+    return pixels[0], expected
 
 
-def blocks(count: int, size: int = 32, seed: int = 0) -> torch.Tensor:
-    """[count, 3, size, size] images of flat 16 x 16 blocks at the 16 representable levels."""
-    levels = torch.randint(0, 16, (count, 3, size // P, size // P), generator=torch.Generator().manual_seed(seed))
-    return (levels.float() / 7.5 - 1).repeat_interleave(P, 2).repeat_interleave(P, 3)
+@pytest.fixture
+def atoken(atoken_files) -> ATokenTokenizer:
+    return ATokenTokenizer.from_pretrained(package_path=atoken_files["package"], device="cpu")
 
 
-def test_encode_returns_row_major_codes_and_decode_inverts_it():
-    adapter = ATokenTokenizer(PatchMeanAToken(), image_size=32)
-    images = blocks(3)
-    codes, grid = adapter.encode(images)
-    assert grid == (2, 2) and codes.shape == (3, 4, 8) and codes.dtype == torch.int64
-    # cell (row r, col c) of item b holds that block's three levels: row-major order despite the shuffle
-    expected = ((images[:, :, ::P, ::P] + 1) * 7.5).round().long().permute(0, 2, 3, 1).reshape(3, 4, 3)
-    assert torch.equal(codes[..., :3], expected) and not codes[..., 3:].any()
-    assert torch.allclose(adapter.decode(codes, grid), images, atol=1e-6)
-    assert torch.allclose(adapter.decode(codes[1], grid)[0], images[1], atol=1e-6)  # one [N, C] grid
+def test_the_wrapper_is_built_as_the_official_tool_builds_it(atoken, atoken_files):
+    # config / checkpoint from ATOKEN_CONFIG_PATH / ATOKEN_MODEL_PATH; bf16, eval mode, on the device asked for
+    assert (atoken.config, atoken.checkpoint) == (atoken_files["config"], atoken_files["checkpoint"])
+    assert atoken.wrapper.levels.dtype == torch.bfloat16 and not atoken.wrapper.training
+    assert atoken.device == torch.device("cpu")
+    assert (atoken.num_codebooks, atoken.codebook_size, atoken.patch_size, atoken.image_size) == (8, 4096, 16, 1024)
 
 
-def test_video_codes_are_ordered_t_y_x_from_x_y_coords():
-    adapter = ATokenTokenizer(PatchMeanAToken(temporal_patch=4, video_xy=True), image_size=32)
-    frames = blocks(6)
-    codes, grid = adapter.encode_video(frames)
-    assert grid == (2, 2, 2)  # ceil(6 / 4) temporal patches
-    first_frames = frames[[0, 4]]
-    expected = ((first_frames[:, :, ::P, ::P] + 1) * 7.5).round().long().permute(0, 2, 3, 1).reshape(8, 3)
-    assert torch.equal(codes[:, :3], expected)
+def test_non_square_images_encode_row_major_and_decode_back(atoken):
+    image, expected = painted(3, 5)  # 48 x 80 px
+    codes, grid = atoken.encode(image[None] * torch.ones(2, 1, 1, 1))
+    assert grid == (3, 5) and codes.shape == (2, 15, 8)
+    assert codes[0].tolist() == expected and torch.equal(codes[0], codes[1])
+    decoded = atoken.decode(codes, grid)
+    assert decoded.shape == (2, 3, 48, 80)
+    assert (decoded - image).abs().max() < 0.01  # the levels are bf16: 4096 levels held to ~3 significant digits
 
 
-def test_tokens_that_miss_the_grid_are_refused():
-    class Dropping(PatchMeanAToken):
-        def encode(self, pixels):
-            indices, coords = super().encode(pixels)
-            return indices[1:], coords[1:]
-
-    with pytest.raises(ValueError, match=r"item 0 has 3 tokens with coords outside or not covering the grid"):
-        ATokenTokenizer(Dropping(), image_size=32).encode(blocks(1))
-    with pytest.raises(ValueError, match=r"pixels has shape \[1, 3, 16, 16\]; expected \[B, 3, 32, 32\]"):
-        ATokenTokenizer(PatchMeanAToken(), image_size=32).encode(blocks(1, size=16))
+def test_videos_encode_in_groups_of_four_frames_sorted_t_y_x(atoken):
+    frames, expected = painted(2, 3, frames=8)  # 8 frames of 32 x 48 px
+    codes, grid = atoken.encode_video(frames)
+    assert grid == (2, 2, 3) and codes.tolist() == expected  # the stand-in emits x-major: the adapter sorts
+    back = atoken.decode_video(codes, grid)
+    assert back.shape == (8, 3, 32, 48) and (back - frames).abs().max() < 0.01
+    with pytest.raises(ValueError, match=r"frames has 6 frames; AToken codes videos in groups of 4"):
+        atoken.encode_video(frames[:6])
 
 
-def test_missing_package_and_weights_raise_one_error_naming_both(tmp_path):
-    with pytest.raises(ATokenUnavailable, match=r"needs the Python package 'atoken' \(No module named 'atoken'\) "
-                                                r"and its weights at /nowhere/atoken.pt \(no such file"):
-        ATokenTokenizer.from_pretrained("/nowhere/atoken.pt")
-    weights = tmp_path / "atoken.pt"
-    weights.write_bytes(b"")
-    with pytest.raises(ATokenUnavailable) as caught:
-        ATokenTokenizer.from_pretrained(weights)
-    assert "'atoken'" in str(caught.value) and "weights" not in str(caught.value)
+def test_pixels_off_the_patch_grid_are_refused(atoken):
+    with pytest.raises(ValueError, match=r"pixels has shape \[1, 3, 40, 48\]; .*multiples of the patch size 16"):
+        atoken.encode(torch.zeros(1, 3, 40, 48))
 
 
-def test_a_saved_adapter_records_itself_and_reloads_through_the_package(tmp_path):
-    adapter = ATokenTokenizer(PatchMeanAToken(), image_size=64, weights=str(tmp_path / "w.pt"))
-    directory = adapter.save(tmp_path / "tok")
+def test_missing_package_and_files_are_named_in_one_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATOKEN_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("ATOKEN_MODEL_PATH", raising=False)
+    with pytest.raises(ATokenUnavailable) as err:
+        ATokenTokenizer.from_pretrained(checkpoint=str(tmp_path / "atoken-sod.pt"), package_path=str(tmp_path),
+                                        device="cpu")
+    message = str(err.value)
+    assert "atoken_inference package under package_path" in message
+    assert "its config (set ATOKEN_CONFIG_PATH or pass it)" in message
+    assert "atoken-sod.pt (no such file)" in message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_without_cuda_it_stops_unless_a_device_is_named(atoken_files):
+    with pytest.raises(ATokenUnavailable, match=r"AToken runs on CUDA .*set the device explicitly"):
+        ATokenTokenizer.from_pretrained(package_path=atoken_files["package"])
+
+
+def test_saved_record_reloads_through_the_registry(atoken, tmp_path):
+    directory = atoken.save(tmp_path / "tok")
     doc = json.loads((directory / "visual_tokenizer.json").read_text())
-    assert (doc["name"], doc["num_codebooks"], doc["codebook_size"], doc["patch_size"], doc["image_size"]) == \
-        ("atoken", 8, 4096, 16, 64)
-    record = VisualTokenizerRecord.of(adapter, directory)
-    assert (record.name, record.num_codebooks, record.codebook_size) == ("atoken", 8, 4096)
-    with pytest.raises(ATokenUnavailable, match="needs the Python package 'atoken'"):
-        load_visual_tokenizer(directory)  # dispatches on the saved name
+    assert (doc["name"], doc["config"], doc["package_path"]) == ("atoken", atoken.config, atoken.package_path)
+    loaded = load_visual_tokenizer(directory, device="cpu")
+    assert isinstance(loaded, ATokenTokenizer) and loaded.checkpoint == atoken.checkpoint
+    record = VisualTokenizerRecord.of(atoken, directory)
+    assert (record.name, record.num_codebooks, record.codebook_size, record.patch_size) == ("atoken", 8, 4096, 16)

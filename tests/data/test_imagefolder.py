@@ -13,11 +13,11 @@ from pixel_helpers import write_imagefolder
 from lumina.cli.data import main as cli_main
 from lumina.data.fit_tokenizer import read_images
 from lumina.data.imagefolder import metadata_rows, split_rows, val_files
-from lumina.data.pixels import to_signed
+from lumina.data.pixels import Preparation
 from lumina.data.schema import Media, Text
 from lumina.data.storage import ParquetSampleDataset
 from lumina.data.tokenizers.text import WordTokenizer
-from lumina.data.tokenizers.visual import load_visual_tokenizer
+from lumina.data.visual_tokenizers import load_visual_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_imagefolder_builds_train_and_val_of_both_tasks(folder, capsys):
     captions = {line["file_name"]: line["text"] for line in lines}
     for sample in val:
         name, task = sample.id.split("#")
-        pixels = to_signed(read_images([root / "pics" / name], 16))
+        pixels = read_images([root / "pics" / name], Preparation(16, 4))[0][None]
         codes = tokenizer.encode(pixels)[0][0]
         user, answer = sample.turns[0].parts, sample.turns[1].parts
         if task == "t2i":

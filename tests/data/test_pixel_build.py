@@ -22,7 +22,8 @@ from lumina.data.pixels import to_signed
 from lumina.data.storage import ParquetSampleDataset
 from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.data.tokenizers.visual import check_unchanged, directory_fingerprint, load_visual_tokenizer
+from lumina.data.tokenizers.visual import check_unchanged, directory_fingerprint
+from lumina.data.visual_tokenizers import load_visual_tokenizer
 
 SIZE = 16
 
@@ -141,7 +142,7 @@ BAD = {  # file part -> what the error says (after 'files.jsonl:<line>: turns[1]
     "truncated": ({"kind": "image", "file": "cut.png"}, r": image file .*cut.png is truncated or corrupt"),
     "unreadable": ({"kind": "image", "file": "text.png"}, r": image file .*text.png is not a readable image"),
     "too small": ({"kind": "image", "file": "small.png"},
-                  r": image file .*small.png is 12x20 px, smaller than the tokenizer's 16x16"),
+                  r": image file .*small.png is 2x40 px, 1x16 after resizing \(max_edge=16\): a side is under one 4 px"),
     "gif": ({"kind": "image", "file": "anim.gif"}, r": image file .*anim.gif is GIF; expected one of PNG"),
     "missing frame": ({"kind": "video", "files": ["f0_0.png", "gone.png"]},
                       r"\.files\[1\]: image file .*gone.png does not exist"),
@@ -159,7 +160,7 @@ def bad_files(tmp_path):
     write_frames(tmp_path, 1, 0)
     write_truncated_png(tmp_path / "cut.png")
     (tmp_path / "text.png").write_text("hello")
-    Image.fromarray(np.zeros((20, 12, 3), np.uint8)).save(tmp_path / "small.png")
+    Image.fromarray(np.zeros((40, 2, 3), np.uint8)).save(tmp_path / "small.png")
     Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "anim.gif")
     return tmp_path
 

@@ -1,6 +1,7 @@
-"""End to end on your own data: 64 generated PNGs with captions -> an imagefolder -> `lumina-data fit-tokenizer`
-and `build` -> `lumina-train data=parquet` (tiny model, 20 steps) -> `lumina-generate` writes PNGs of the
-dataset's size through the tokenizer the data recorded, and reads image files for task=understand."""
+"""End to end on your own, non-square data: 64 generated PNGs with captions, half 48 x 80 px and half 80 x 48 px
+-> an imagefolder -> `lumina-data fit-tokenizer` and `build` (long edge 32: 16 x 32 and 32 x 16 px, grids 4 x 8
+and 8 x 4) -> `lumina-train data=parquet` (tiny model, 20 steps) -> `lumina-generate` writes PNGs of the asked
+size through the tokenizer the data recorded, and reads image files for task=understand."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
 from pixel_helpers import write_imagefolder  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
-SIZE = 16  # the tokenizer's image size: pictures are 20 x 24 px, read at 16 x 16
+SIZE = 32  # the tokenizer's image size (long edge): 48 x 80 px pictures are read at 16 x 32, 80 x 48 at 32 x 16
 
 
 def _run(code: str, *args: str, cwd) -> subprocess.CompletedProcess:
@@ -33,7 +34,12 @@ def _run(code: str, *args: str, cwd) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("own")
-    write_imagefolder(root / "pics", 64, 20, 24, seed=3)
+    wide = write_imagefolder(root / "pics", 32, 48, 80, seed=3)
+    tall = write_imagefolder(root / "tall", 32, 80, 48, seed=4)
+    for line in tall:  # one folder: the tall pictures join the wide ones under new names
+        (root / "tall" / line["file_name"]).rename(root / "pics" / f"t{line['file_name']}")
+    (root / "pics" / "metadata.jsonl").write_text("".join(
+        json.dumps(line) + "\n" for line in wide + [{**t, "file_name": f"t{t['file_name']}"} for t in tall]))
     assert data_main(["fit-tokenizer", str(root / "pics"), "--out", str(root / "tok"), "--image-size", str(SIZE),
                       "--codebooks", "4", "--codebook-size", "64", "--kmeans-iters", "8"]) == 0
     assert data_main(["build", "--imagefolder", str(root / "pics"), "--image-tokenizer", str(root / "tok"),
@@ -43,6 +49,20 @@ def trained(tmp_path_factory):
                 "trainer.max_steps=20", "logger=none", "callbacks.progress_bar=null", "callbacks.expert_usage=null",
                 "trainer.enable_model_summary=false", f"hydra.run.dir={root}/run", cwd=root)
     return root, done.stdout
+
+
+def test_non_square_pictures_become_grids_of_their_shape(trained):
+    from lumina.data.storage import ParquetSampleDataset
+
+    root, _ = trained
+    grids = {}
+    for split in ("train", "val"):
+        for sample in ParquetSampleDataset(root / "data" / split):
+            media = [p for turn in sample.turns for p in turn.parts if hasattr(p, "grid")]
+            grids[sample.id] = media[0].grid
+    assert len(grids) == 128  # 64 pictures x (t2i, caption)
+    assert {g for sid, g in grids.items() if sid.startswith("t")} == {(8, 4)}
+    assert {g for sid, g in grids.items() if not sid.startswith("t")} == {(4, 8)}
 
 
 def test_training_learns_and_exports_the_datasets_tokenizers(trained):
@@ -68,22 +88,42 @@ def _generate(root: Path, name: str, overrides: list[str]) -> Path:
     return run(cfg)
 
 
-def test_generate_t2i_writes_pngs_of_the_datasets_size(trained):
+def test_generate_t2i_writes_pngs_of_the_asked_size(trained):
     root, _ = trained
-    out = _generate(root, "t2i", ["task=t2i", 'prompts=["a red box","a blue box"]', "image.steps=3"])
+    out = _generate(root, "t2i", ["task=t2i", 'prompts=["a red box","a blue box"]', "image.steps=3", "height=16",
+                                  "width=32"])
     lines = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
-    assert [(line["file"], line["grid"]) for line in lines] == [("image_0.png", [4, 4]), ("image_1.png", [4, 4])]
+    assert [(line["file"], line["grid"]) for line in lines] == [("image_0.png", [4, 8]), ("image_1.png", [4, 8])]
     for name in ("image_0.png", "image_1.png"):
-        assert Image.open(out / name).size == (SIZE, SIZE)
-    assert Image.open(out / "images.png").size == (2 * (SIZE + 2), SIZE)
+        assert Image.open(out / name).size == (32, 16)  # PIL: (width, height)
+    assert Image.open(out / "images.png").size == (2 * (32 + 2), 16)
+    default = _generate(root, "t2i-default", ["task=t2i", 'prompts=["a red box"]', "image.steps=2"])
+    assert Image.open(default / "image_0.png").size == (SIZE, SIZE)  # the tokenizer's image size, square
+    with pytest.raises(ValueError, match=r"height=18: .*positive multiples of the visual tokenizer's patch \(4 px\)"):
+        _generate(root, "t2i-bad", ["task=t2i", 'prompts=["a red box"]', "height=18", "width=32"])
+
+
+def test_understanding_inputs_are_prepared_as_infer_mmu_sft(trained):
+    from lumina.generation.assets import load_assets
+    from lumina.generation.run import load_image
+    from lumina.model.config import LuminaConfig
+
+    root, _ = trained
+    hf = root / "run" / "hf"
+    assets = load_assets(hf, "auto", LuminaConfig.from_hf(hf))
+    picture = str(root / "pics" / "t000.png")  # 80 x 48 px (H x W), 4 px patches
+    assert load_image(picture, assets).grid == (20, 12)  # input_max_edge=0: the native size
+    assert load_image(picture, assets, 32).grid == (8, 4)  # long edge 32: 32 x 19 -> 32 x 16
+    assert load_image(picture, assets, 160).grid == (40, 24)  # scaled up to long edge 160
+    assert load_image(picture, assets, 160, no_upscale=True).grid == (20, 12)  # a ceiling only
 
 
 def test_generate_understand_reads_an_image_file(trained):
     root, _ = trained
-    picture = root / "pics" / "000.png"
+    picture = root / "pics" / "t000.png"  # 80 x 48 px, read at long edge 32 (infer_mmu_sft.py's max_edge)
     out = _generate(root, "understand", ["task=understand", 'prompts=["describe the image ."]',
                                          f"images=[{picture}]", "text.gen_length=4", "text.block_length=4",
-                                         "text.steps=2"])
+                                         "text.steps=2", "input_max_edge=32"])
     (line,) = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
     assert line["image"] == str(picture) and len(line["ids"]) <= 4
     vocabulary = set(json.loads((root / "data" / "tokenizer.json").read_text())["model"]["vocab"])

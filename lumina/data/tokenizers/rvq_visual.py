@@ -1,13 +1,15 @@
 """The built-in residual-VQ image tokenizer as a `VisualTokenizer`, fitted on your own images.
 
-    tokenizer, report = fit_rvq(train_pixels, heldout_pixels, RVQSettings(...), max_patches=200_000)
+    tokenizer, report = fit_rvq(train_images, heldout_images, RVQSettings(...), image_size, max_patches=200_000)
     tokenizer.save("tok/")            # tok/visual_tokenizer.json + tok/rvq.safetensors
 
 Fitting is seeded and deterministic: the patch vectors of the training images (a seeded sample of
 `max_patches` of them when there are more) go through `RVQImageTokenizer.fit_vectors` (k-means++ and Lloyd steps
 per codebook on the residuals). The report gives the reconstruction PSNR of decode(encode(x)) on the held-out
 images: 10 log10(2^2 / MSE) with pixels in [-1, 1] (the same as 10 log10(1 / MSE) in [0, 1]), MSE pooled over
-every held-out pixel. Videos are coded frame by frame (temporal patch 1: grid t = the number of frames).
+every held-out pixel. Images may have any size whose sides are multiples of the patch (the built-in tokenizer
+codes H x W grids); `image_size` is the long edge the fitting images were resized to. Videos are coded frame
+by frame (temporal patch 1: grid t = the number of frames).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def psnr(reconstruction: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 class RVQVisualTokenizer:
-    """An `RVQImageTokenizer` on square images of `image_size` px (a multiple of its patch size)."""
+    """An `RVQImageTokenizer` on images of H x W px (multiples of its patch); image_size: the default long edge."""
 
     name = "rvq"
     version = 1
@@ -42,14 +44,6 @@ class RVQVisualTokenizer:
         if not isinstance(image_size, int) or image_size <= 0 or image_size % rvq.patch_size:
             raise ValueError(f"image_size={image_size!r}: must be a positive multiple of patch_size={rvq.patch_size}")
         self.rvq, self.image_size, self.report = rvq, image_size, dict(report or {})
-
-    @classmethod
-    def builtin(cls) -> RVQVisualTokenizer:
-        """The built-in world's tokenizer (fitted on its 32 x 32 scenes, cached)."""
-        from lumina.data.world.dataset import cached_world_image_tokenizer
-        from lumina.data.world.scene import IMAGE_SIZE
-
-        return cls(cached_world_image_tokenizer(), IMAGE_SIZE, {"fitted_on": "the built-in world's train scenes"})
 
     @property
     def num_codebooks(self) -> int:
@@ -63,19 +57,15 @@ class RVQVisualTokenizer:
     def patch_size(self) -> int:
         return self.rvq.patch_size
 
-    @property
-    def side(self) -> int:
-        return self.image_size // self.patch_size
-
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """[B, 3, S, S] in [-1, 1] -> codes [B, h * w, C], grid (h, w)."""
-        check_pixels(pixels, self.image_size, "pixels")
-        return self.rvq.encode(pixels), (self.side, self.side)
+        """[B, 3, H, W] in [-1, 1] -> codes [B, h * w, C], grid (h, w) = (H / P, W / P)."""
+        grid = check_pixels(pixels, self.patch_size, "pixels")
+        return self.rvq.encode(pixels), grid
 
     def encode_video(self, frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        """[T, 3, S, S] -> codes [T * h * w, C] ordered (t, y, x), grid (T, h, w)."""
-        check_pixels(frames, self.image_size, "frames")
-        return self.rvq.encode(frames).reshape(-1, self.num_codebooks), (frames.shape[0], self.side, self.side)
+        """[T, 3, H, W] -> codes [T * h * w, C] ordered (t, y, x), grid (T, h, w)."""
+        h, w = check_pixels(frames, self.patch_size, "frames")
+        return self.rvq.encode(frames).reshape(-1, self.num_codebooks), (frames.shape[0], h, w)
 
     def decode(self, codes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """[B, h * w, C] or [h * w, C] -> [B, 3, h * P, w * P] in [-1, 1]."""
@@ -101,34 +91,34 @@ class RVQVisualTokenizer:
         return cls(rvq, doc["image_size"], doc.get("report"))
 
 
-def patch_sample(pixels: torch.Tensor, patch_size: int, max_patches: int | None, seed: int) -> torch.Tensor:
-    """Patch vectors [M, 3 * P * P] of images [B, 3, S, S]; a seeded sample of `max_patches` when M is larger."""
+def patch_sample(images: list[torch.Tensor], patch_size: int, max_patches: int | None, seed: int) -> torch.Tensor:
+    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes); a seeded sample of `max_patches` when M is
+    larger."""
     probe = RVQImageTokenizer(torch.zeros(1, 1, 3 * patch_size**2), RVQSettings(patch_size, 1, 1))
-    vectors = probe.patches(pixels).reshape(-1, 3 * patch_size**2)
+    vectors = torch.cat([probe.patches(image[None])[0] for image in images])
     if max_patches is not None and vectors.shape[0] > max_patches:
         pick = torch.randperm(vectors.shape[0], generator=torch.Generator().manual_seed(seed))[:max_patches]
         vectors = vectors[pick.sort().values]
     return vectors
 
 
-def fit_rvq(train: torch.Tensor, heldout: torch.Tensor, settings: RVQSettings, max_patches: int | None = None,
-            ) -> tuple[RVQVisualTokenizer, dict[str, Any]]:
-    """Fit on train [B, 3, S, S] in [-1, 1]; report {train_images, heldout_images, patches, heldout_psnr_db,
-    train_psnr_db} (PSNR None without images)."""
-    if train.shape[0] == 0:
+def fit_rvq(train: list[torch.Tensor], heldout: list[torch.Tensor], settings: RVQSettings, image_size: int,
+            max_patches: int | None = None) -> tuple[RVQVisualTokenizer, dict[str, Any]]:
+    """Fit on train images [3, H, W] in [-1, 1] (any sizes, multiples of the patch) read at long edge
+    image_size; report {train_images, heldout_images, patches, heldout_psnr_db, train_psnr_db} (PSNR None
+    without images; MSE pooled over every pixel of every image)."""
+    if not train:
         raise ValueError("no training images to fit the tokenizer on")
-    size = train.shape[-1]
     vectors = patch_sample(train, settings.patch_size, max_patches, settings.seed)
-    tokenizer = RVQVisualTokenizer(RVQImageTokenizer.fit_vectors(vectors, settings), size)
+    tokenizer = RVQVisualTokenizer(RVQImageTokenizer.fit_vectors(vectors, settings), image_size)
 
-    def round_trip(images: torch.Tensor) -> float | None:
-        if images.shape[0] == 0:
+    def round_trip(images: list[torch.Tensor]) -> float | None:
+        if not images:
             return None
-        codes, grid = tokenizer.encode(images)
-        return psnr(tokenizer.decode(codes, grid), images)
+        decoded = [tokenizer.decode(*tokenizer.encode(image[None]))[0] for image in images]
+        return psnr(torch.cat([d.flatten() for d in decoded]), torch.cat([i.flatten() for i in images]))
 
-    report = {"train_images": int(train.shape[0]), "heldout_images": int(heldout.shape[0]),
-              "patches": int(vectors.shape[0]), "heldout_psnr_db": round_trip(heldout),
-              "train_psnr_db": round_trip(train)}
+    report = {"train_images": len(train), "heldout_images": len(heldout), "patches": int(vectors.shape[0]),
+              "heldout_psnr_db": round_trip(heldout), "train_psnr_db": round_trip(train)}
     tokenizer.report = report
     return tokenizer, report

@@ -1,14 +1,17 @@
 """`VisualTokenizer`: pixels <-> code grids, and the record a dataset keeps of the tokenizer that made it.
 
-A visual tokenizer works on square images of `image_size` px cut into `patch_size` px cells:
-    encode(pixels [B, 3, S, S] in [-1, 1])   -> codes [B, h * w, C] int64 in [0, K), grid (h, w) = (S/P, S/P)
-    encode_video(frames [T, 3, S, S])        -> codes [t * h * w, C] (ordered t, y, x), grid (t, h, w)
+A visual tokenizer works on images of any aspect ratio, H x W px with H and W multiples of `patch_size` P:
+    encode(pixels [B, 3, H, W] in [-1, 1])   -> codes [B, h * w, C] int64 in [0, K), grid (h, w) = (H/P, W/P)
+    encode_video(frames [T, 3, H, W])        -> codes [t * h * w, C] (ordered t, y, x), grid (t, h, w)
     decode(codes [B, h * w, C] or [h * w, C], grid (h, w)) -> pixels [B, 3, h * P, w * P] in [-1, 1]
+`image_size` is the default long edge image files are resized to (`lumina.data.pixels`): for the built-in
+tokenizer the size it was fitted at, for AToken the official tool's 1024.
 Implementations: `RVQVisualTokenizer` (the built-in residual VQ, fitted on your images, CPU) and
-`ATokenTokenizer` (the official model's AToken, when its package and weights are present).
+`ATokenTokenizer` (the official model's AToken, when its package and weights are present);
+`lumina.data.visual_tokenizers.load_visual_tokenizer` loads one by name.
 
 On disk a tokenizer is a directory holding `visual_tokenizer.json` ({"name", "version", ..., "weights"}) plus,
-for the built-in one, its weights file; `load_visual_tokenizer` reads one back by its name. A dataset built with
+for the built-in one, its weights file. A dataset built with
 a tokenizer saves a copy beside its shards and records `VisualTokenizerRecord` (name, version, C, K, patch,
 image size, path and the fingerprint of those files) in every shard's metadata, so that training, evaluation
 and generation find it, and notice when the files there were replaced.
@@ -25,7 +28,6 @@ from typing import Any, Protocol
 import torch
 
 CONFIG_FILE = "visual_tokenizer.json"
-BUILTIN = "builtin"  # the built-in world's residual VQ (32 x 32 px scenes, 4 codebooks of 64 codes)
 
 
 class VisualTokenizer(Protocol):
@@ -45,11 +47,15 @@ class VisualTokenizer(Protocol):
     def save(self, directory: str | Path) -> Path: ...
 
 
-def check_pixels(pixels: torch.Tensor, image_size: int, what: str) -> None:
-    """Raise ValueError naming `what` unless pixels is [B, 3, image_size, image_size]."""
-    s = image_size
-    if pixels.dim() != 4 or tuple(pixels.shape[1:]) != (3, s, s):
-        raise ValueError(f"{what} has shape {list(pixels.shape)}; expected [B, 3, {s}, {s}]")
+def check_pixels(pixels: torch.Tensor, patch_size: int, what: str) -> tuple[int, int]:
+    """The grid (H / P, W / P) of pixels [B, 3, H, W]; raises ValueError naming `what` unless H and W are positive
+    multiples of patch_size P."""
+    p = patch_size
+    if pixels.dim() != 4 or pixels.shape[1] != 3 or pixels.shape[2] < p or pixels.shape[3] < p or \
+            pixels.shape[2] % p or pixels.shape[3] % p:
+        raise ValueError(f"{what} has shape {list(pixels.shape)}; expected [B, 3, H, W] with H and W positive "
+                         f"multiples of the patch size {p}")
+    return pixels.shape[2] // p, pixels.shape[3] // p
 
 
 def directory_fingerprint(directory: str | Path) -> str:
@@ -112,29 +118,11 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"visual tokenizer {directory}: no {CONFIG_FILE} there (expected a directory "
-                                f"written by `lumina-data fit-tokenizer`, or '{BUILTIN}')")
+                                "written by `lumina-data fit-tokenizer` or `build`)")
     doc = json.loads(path.read_text())
     if not isinstance(doc, dict) or "name" not in doc:
         raise ValueError(f"{path}: expected a JSON object with a 'name'")
     return doc
-
-
-def load_visual_tokenizer(spec: str | Path, device: str = "auto") -> VisualTokenizer:
-    """'builtin' (the built-in world's tokenizer) or a saved tokenizer directory -> the tokenizer. device: where
-    a tokenizer with a network runs (AToken; "auto" = CUDA when available); the built-in one runs on the CPU."""
-    from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-
-    if str(spec) == BUILTIN:
-        return RVQVisualTokenizer.builtin()
-    doc = read_config(spec)
-    if doc["name"] == RVQVisualTokenizer.name:
-        return RVQVisualTokenizer.load(spec)
-    from lumina.data.tokenizers.atoken import ATokenTokenizer
-
-    if doc["name"] == ATokenTokenizer.name:
-        return ATokenTokenizer.load(spec, device=device)
-    raise ValueError(f"{Path(spec) / CONFIG_FILE}: name={doc['name']!r}; expected "
-                     f"{RVQVisualTokenizer.name!r} or {ATokenTokenizer.name!r}")
 
 
 def check_unchanged(record: VisualTokenizerRecord) -> None:

@@ -21,6 +21,7 @@ from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import InMemorySampleDataset
 from lumina.data.tokenizers.image_rvq import DEFAULT_RVQ, RVQImageTokenizer, RVQSettings
+from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.data.tokenizers.text import WordTokenizer, special_tokens_of
 from lumina.data.world.scene import IMAGE_SIZE, JITTER, ObjectSpec, combinations_in, render
 from lumina.data.world.tasks import WorldItem, make_items, world_words
@@ -75,6 +76,12 @@ def cached_world_image_tokenizer(settings: RVQSettings = DEFAULT_RVQ,
     tokenizer.save(tmp)
     tmp.replace(path)  # atomic: concurrent processes never read a half-written file
     return tokenizer
+
+
+def world_visual_tokenizer() -> RVQVisualTokenizer:
+    """The built-in world's `VisualTokenizer` ('builtin'): its cached residual VQ on 32 x 32 px scenes."""
+    return RVQVisualTokenizer(cached_world_image_tokenizer(), IMAGE_SIZE,
+                              {"fitted_on": "the built-in world's train scenes"})
 
 
 def round_trip_report(tokenizer: RVQImageTokenizer, split: str = "val") -> dict[str, float]:

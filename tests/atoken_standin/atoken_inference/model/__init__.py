@@ -1,0 +1,1 @@
+"""Stand-in for atoken_inference.model (see the package docstring)."""
