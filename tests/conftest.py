@@ -19,13 +19,25 @@ def one_torch_thread():
 STANDIN = Path(__file__).parent / "atoken_standin"
 
 
-@pytest.fixture
-def atoken_files(tmp_path, monkeypatch) -> dict[str, str]:
-    """The stand-in `atoken_inference` package (tests/atoken_standin) with a config and checkpoint written for
-    it, also exported as ATOKEN_CONFIG_PATH / ATOKEN_MODEL_PATH: {"config", "checkpoint", "package"}."""
-    config, checkpoint = tmp_path / "atoken-standin.yaml", tmp_path / "atoken-standin.pt"
+def write_atoken_standin(directory: Path) -> dict[str, str]:
+    """A config and checkpoint for the stand-in `atoken_inference` package (tests/atoken_standin) in
+    `directory`: {"config", "checkpoint", "package"}."""
+    config, checkpoint = directory / "atoken-standin.yaml", directory / "atoken-standin.pt"
     config.write_text("model:\n  model_cfg:\n    arch_cfg:\n      patch_size: [4, 16, 16]\n      use_quantizer: true\n")
     torch.save({"levels": torch.linspace(-1, 1, 4096)}, checkpoint)
-    monkeypatch.setenv("ATOKEN_CONFIG_PATH", str(config))
-    monkeypatch.setenv("ATOKEN_MODEL_PATH", str(checkpoint))
     return {"config": str(config), "checkpoint": str(checkpoint), "package": str(STANDIN)}
+
+
+@pytest.fixture
+def atoken_files(tmp_path, monkeypatch) -> dict[str, str]:
+    """`write_atoken_standin` in tmp_path, also exported as ATOKEN_CONFIG_PATH / ATOKEN_MODEL_PATH."""
+    files = write_atoken_standin(tmp_path)
+    monkeypatch.setenv("ATOKEN_CONFIG_PATH", files["config"])
+    monkeypatch.setenv("ATOKEN_MODEL_PATH", files["checkpoint"])
+    return files
+
+
+@pytest.fixture(scope="module")
+def atoken_module_files(tmp_path_factory) -> dict[str, str]:
+    """`write_atoken_standin` for a whole module (the paths passed explicitly, no environment)."""
+    return write_atoken_standin(tmp_path_factory.mktemp("atoken"))
