@@ -85,7 +85,7 @@ def _progress(enabled: bool) -> Callable[[int], None] | None:
 def cmd_build(args: argparse.Namespace) -> int:
     from lumina.data.assets import TEXT_FILE, save_assets
     from lumina.data.build import build_rows, build_shards
-    from lumina.data.imagefolder import caption_words, metadata_rows, split_rows
+    from lumina.data.imagefolder import caption_words, folder_splits
     from lumina.data.ingest import PixelEncoder
     from lumina.data.tokenizers.text import HFTokenizer, WordTokenizer
 
@@ -98,7 +98,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     text_path = args.tokenizer
     tokenizer = HFTokenizer(args.tokenizer) if args.tokenizer else None
     if args.imagefolder:
-        rows = metadata_rows(args.imagefolder)
+        rows, splits = folder_splits(args.imagefolder, [t for t in args.tasks.split(",") if t], args.val_fraction,
+                                     args.split_seed, args.caption_prompt)
         if tokenizer is None:  # a vocabulary of the captions' own words
             tokenizer = WordTokenizer(caption_words(rows, args.caption_prompt))
             text_path = tokenizer.save(out / TEXT_FILE)
@@ -110,8 +111,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     common = dict(tokens=tokens, tokenizer=tokenizer, on_error=args.on_error, rows_per_shard=args.rows_per_shard,
                   source=args.source, pixels=pixels, assets=assets)
     if args.imagefolder:
-        tasks = [t for t in args.tasks.split(",") if t]
-        splits = split_rows(rows, tasks, args.val_fraction, args.split_seed, args.caption_prompt)
         reports = {split: build_rows(split_rows_, out / split, **common) for split, split_rows_ in splits.items()}
     else:
         reports = {"": build_shards(args.manifests, out, **common)}

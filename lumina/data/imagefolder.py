@@ -7,7 +7,8 @@ becomes one sample per chosen task, named "<file_name>#<task>":
     caption  user: the image, then the caption prompt   assistant: the caption
 The held-out split ("val") takes round(val_fraction * N) of the N images (at least one when val_fraction > 0
 and N >= 2): those whose sha256(f"{seed}:{file_name}") sorts first, so the split does not depend on line order,
-and both tasks of an image land in the same split. The rest is "train". A bad metadata line (not JSON, no
+and both tasks of an image land in the same split. The rest is "train". A folder with train/ and val/ (or
+validation/) subfolders, each an imagefolder of its own (the Hugging Face layout), keeps those splits instead. A bad metadata line (not JSON, no
 `file_name` / `text`) or image is a bad row named by `metadata.jsonl` and its line number.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lumina.data.build import RawRow, manifest_rows
+from lumina.data.roots import dataset_root
 
 METADATA_FILE = "metadata.jsonl"
 TASKS = ("t2i", "caption")
@@ -82,20 +84,39 @@ def task_sample(file_name: str, text: str, task: str, caption_prompt: str) -> di
     return {"id": f"{file_name}#{task}", "turns": turns}
 
 
-def split_rows(rows: list[RawRow], tasks: list[str], val_fraction: float = 0.1, seed: int = 0,
-               caption_prompt: str = CAPTION_PROMPT) -> dict[str, list[RawRow]]:
-    """{"train": rows, "val": rows}: each metadata line -> one row per task (bad lines go to train, where the
-    build reports them)."""
+def task_rows(rows: list[RawRow], tasks: list[str], caption_prompt: str = CAPTION_PROMPT) -> list[RawRow]:
+    """Each metadata line -> one row per task, in order (bad lines pass through, for the build to report)."""
     unknown = [t for t in tasks if t not in TASKS]
     if not tasks or unknown:
         raise ValueError(f"tasks={tasks}: expected a non-empty list of {TASKS}")
-    held_out = val_files(rows, val_fraction, seed)
-    out: dict[str, list[RawRow]] = {split: [] for split in SPLITS}
+    out: list[RawRow] = []
     for row in rows:
         if row.error is not None:
-            out["train"].append(row)
+            out.append(row)
             continue
-        split = "val" if row.obj["file_name"] in held_out else "train"
-        out[split] += [RawRow(row.file, row.line, task_sample(row.obj["file_name"], row.obj["text"], task,
-                                                              caption_prompt)) for task in tasks]
+        out += [RawRow(row.file, row.line, task_sample(row.obj["file_name"], row.obj["text"], task, caption_prompt))
+                for task in tasks]
     return out
+
+
+def split_rows(rows: list[RawRow], tasks: list[str], val_fraction: float = 0.1, seed: int = 0,
+               caption_prompt: str = CAPTION_PROMPT) -> dict[str, list[RawRow]]:
+    """{"train": rows, "val": rows}: the held-out images' task rows in "val" (bad lines go to train)."""
+    held_out = val_files(rows, val_fraction, seed)
+    held = [row.error is None and row.obj["file_name"] in held_out for row in rows]
+    return {"train": task_rows([r for r, h in zip(rows, held, strict=True) if not h], tasks, caption_prompt),
+            "val": task_rows([r for r, h in zip(rows, held, strict=True) if h], tasks, caption_prompt)}
+
+
+def folder_splits(directory: str | Path, tasks: list[str], val_fraction: float = 0.1, seed: int = 0,
+                  caption_prompt: str = CAPTION_PROMPT) -> tuple[list[RawRow], dict[str, list[RawRow]]]:
+    """(every metadata line, {"train", "val"} task rows) of an imagefolder. One whose train/ and val/ (or
+    validation/) subfolders each hold a metadata.jsonl, as Hugging Face imagefolders do, keeps those splits;
+    otherwise (or with train/ alone) the held-out split is drawn as `split_rows` does."""
+    root = dataset_root(directory)
+    if root is None or root.val is None:
+        rows = metadata_rows(directory if root is None else root.train)
+        return rows, split_rows(rows, tasks, val_fraction, seed, caption_prompt)
+    train, val = metadata_rows(root.train), metadata_rows(root.val)
+    return train + val, {"train": task_rows(train, tasks, caption_prompt),
+                         "val": task_rows(val, tasks, caption_prompt)}

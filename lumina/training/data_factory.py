@@ -7,6 +7,7 @@ tokenizers, which the HF export copies; their visual tokenizer must code exactly
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ from lumina.training.errors import ConfigError
 # Keys of the data group that lumina-train reads itself (not DataConfig fields).
 TRAINER_DATA_KEYS = ("tokenizer",)
 WORLD_OPTIONS = ("num_samples", "val_samples", "seed", "mix")
+log = logging.getLogger(__name__)
 
 
 def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataModule:
     """data: the plain `cfg.data` mapping. Each source: `path: null` is the built-in world (options
-    num_samples, val_samples, seed, mix), a path is Parquet shards (options val_path). One source is laid
+    num_samples, val_samples, seed, mix), a path is Parquet shards (options val_path) or a dataset root
+    holding train/ and val/ (or validation/) shards. One source is laid
     out as is; several form a weighted mixture (`MixtureSource`, `samples_per_epoch` slots per epoch, the
     realised proportions logged every epoch) validated on the concatenation of their held-out sets."""
     data = dict(data)
@@ -86,6 +89,7 @@ def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens
     if unknown:
         raise ConfigError(f"data.sources[{index}].options.{unknown[0]}: unknown option of a Parquet source "
                           "(expected val_path)")
+    path, options = root_splits(path, options, index)
     for name, value in (("path", path), ("options.val_path", options.get("val_path"))):
         if value is not None and not Path(value).exists():
             raise ConfigError(f"data.sources[{index}].{name}={value!r}: no such file or directory")
@@ -93,6 +97,24 @@ def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens
     val_path = options.get("val_path")
     val = ParquetSampleDataset(val_path, tokens=train.tokens) if val_path is not None else None
     return train, val
+
+
+def root_splits(path: str, options: dict[str, Any], index: int) -> tuple[str, dict[str, Any]]:
+    """A dataset root (`lumina.data.roots`: train/ + val/ or validation/) -> its train path and val_path, said
+    on the log; any other path as given."""
+    from lumina.data.roots import dataset_root
+
+    try:
+        root = dataset_root(path)
+    except ValueError as exc:
+        raise ConfigError(f"data.sources[{index}].path: {exc}") from exc
+    if root is None:
+        return path, options
+    if options.get("val_path") is not None:
+        raise ConfigError(f"data.sources[{index}].path={path!r} is a dataset root (train/ and its held-out split); "
+                          f"drop options.val_path={options['val_path']!r}, or point path at the train shards")
+    log.info("data.sources[%d]: %s", index, root.describe(path))
+    return str(root.train), {**options, "val_path": None if root.val is None else str(root.val)}
 
 
 def resolve_from_data(config: DataConfig, found: SpecialTokens) -> DataConfig:

@@ -119,3 +119,20 @@ def test_imagefolder_needs_an_image_tokenizer_and_known_tasks(folder, tmp_path, 
     assert cli_main(["build", "--imagefolder", str(tmp_path), "--image-tokenizer", "builtin",
                      "--out", str(tmp_path / "o3")]) == 2
     assert "no metadata.jsonl" in capsys.readouterr().err
+
+
+
+def test_hugging_face_train_and_validation_folders_are_the_splits(tmp_path, folder, capsys):
+    root, _ = folder
+    train = write_imagefolder(tmp_path / "hf" / "train", 5, 20, 24, seed=8)
+    validation = write_imagefolder(tmp_path / "hf" / "validation", 2, 24, 20, seed=9)
+    assert cli_main(["build", "--imagefolder", str(tmp_path / "hf"), "--image-tokenizer", str(root / "tok"),
+                     "--out", str(tmp_path / "out"), "--tasks", "caption", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 5 rows to 1 shards" in out and "wrote 2 rows to 1 shards" in out
+    words = WordTokenizer.load(tmp_path / "out" / "tokenizer.json")
+    for split, lines in (("train", train), ("val", validation)):
+        samples = list(ParquetSampleDataset(tmp_path / "out" / split))
+        assert [words.decode(s.turns[1].parts[0].ids) for s in samples] == [line["text"] for line in lines]
+        # the validation pictures are 24 x 20 (H x W): at long edge 16 they code 4 x 3 cells, train 3 x 4
+        assert {s.turns[0].parts[0].grid for s in samples} == ({(3, 4)} if split == "train" else {(4, 3)})

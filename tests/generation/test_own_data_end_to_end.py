@@ -1,6 +1,7 @@
 """End to end on your own, non-square data: 64 generated PNGs with captions, half 48 x 80 px and half 80 x 48 px
 -> an imagefolder -> `lumina-data fit-tokenizer` and `build` (long edge 32: 16 x 32 and 32 x 16 px, grids 4 x 8
-and 8 x 4) -> `lumina-train data=parquet` (tiny model, 20 steps) -> `lumina-generate` writes PNGs of the asked
+and 8 x 4) -> `lumina-train data=parquet` on the built directory as a dataset root (train/ + val/; tiny model,
+20 steps) -> `lumina-generate` writes PNGs of the asked
 size through the tokenizer the data recorded, and reads image files for task=understand."""
 
 from __future__ import annotations
@@ -45,10 +46,16 @@ def trained(tmp_path_factory):
     assert data_main(["build", "--imagefolder", str(root / "pics"), "--image-tokenizer", str(root / "tok"),
                       "--out", str(root / "data"), "--tasks", "t2i,caption", "--no-progress"]) == 0
     done = _run("from lumina.cli.train import main; main()", "experiment=debug", "data=parquet",
-                f"data.sources.0.path={root}/data/train", f"data.sources.0.options.val_path={root}/data/val",
-                "trainer.max_steps=20", "logger=none", "callbacks.progress_bar=null", "callbacks.expert_usage=null",
+                f"data.sources.0.path={root}/data", "trainer.max_steps=20", "logger=none", "callbacks.progress_bar=null", "callbacks.expert_usage=null",
                 "trainer.enable_model_summary=false", f"hydra.run.dir={root}/run", cwd=root)
-    return root, done.stdout
+    return root, done.stdout + done.stderr
+
+
+def test_the_built_directory_is_a_dataset_root_read_as_train_and_val(trained):
+    root, log = trained
+    assert f"{root}/data is a dataset root: training reads {root}/data/train, the held-out split from " \
+           f"{root}/data/val" in log
+    assert re.search(r"val/loss: [\d.]+", log), log[-2000:]  # the held-out split was evaluated
 
 
 def test_non_square_pictures_become_grids_of_their_shape(trained):

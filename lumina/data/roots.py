@@ -1,0 +1,37 @@
+"""Dataset roots: a directory whose splits are its `train/` and `val/` subdirectories.
+
+`lumina-data build --imagefolder` writes OUT/train and OUT/val; Hugging Face `datasets` imagefolders name the
+held-out split `validation/`. `dataset_root(DIR)` reads such a directory as (train, held-out) paths: `train/`
+plus the first of `val/`, `validation/` present (None when neither is). A directory without `train/` is not a
+root (None): it is read as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TRAIN_DIR = "train"
+VAL_DIRS = ("val", "validation")
+
+
+@dataclass(frozen=True)
+class DatasetRoot:
+    train: Path
+    val: Path | None
+
+    def describe(self, root: str | Path) -> str:
+        held = "no held-out split" if self.val is None else f"the held-out split from {self.val}"
+        return f"{root} is a dataset root: training reads {self.train}, {held}"
+
+
+def dataset_root(path: str | Path) -> DatasetRoot | None:
+    """The splits of a dataset root (module docstring), or None when `path` is not one. Two held-out
+    directories (val/ and validation/) are ambiguous and refused."""
+    root = Path(path)
+    if not (root / TRAIN_DIR).is_dir():
+        return None
+    found = [root / name for name in VAL_DIRS if (root / name).is_dir()]
+    if len(found) > 1:
+        raise ValueError(f"{root} holds both {found[0].name}/ and {found[1].name}/; keep one held-out split")
+    return DatasetRoot(root / TRAIN_DIR, found[0] if found else None)
