@@ -9,7 +9,9 @@ task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when a visual tok
 Image inputs (understand, edit) are prepared as infer_mmu_sft.py's prepare_image_for_encode does:
 input_max_edge (0: keep the size) and input_no_upscale, then a centre crop to multiples of the patch.
 task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
-task=eval          -> the built-in world evaluation: <out>/eval.json + <out>/samples.png
+task=eval          -> <out>/eval.json + <out>/samples.png: with eval.data=DIR your own held-out split
+                     (`lumina.generation.own_eval`: exact match, BLEU, a t2i grid, per-task loss), else the
+                     built-in world evaluation
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.generation.assets import GenerationAssets, load_assets, load_model
 from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
+from lumina.generation.own_eval import OwnEvalConfig, evaluate_own
 from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
@@ -84,10 +87,12 @@ def run(cfg: DictConfig) -> Path:
 
 def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, text_cfg: TextSamplingConfig,
               image_cfg: ImageSamplingConfig, out: Path) -> Path:
-    if assets.name != "world" or not isinstance(assets.image_tokenizer, RVQVisualTokenizer):
-        raise ValueError(f"task=eval runs on the built-in world and its image tokenizer; the checkpoint uses "
-                         f"tokenizer {assets.name!r}")
     node = cfg.eval
+    if node.get("data"):
+        return _run_own_eval(model, assets, node, text_cfg, image_cfg, out)
+    if assets.name != "world" or not isinstance(assets.image_tokenizer, RVQVisualTokenizer):
+        raise ValueError(f"task=eval without eval.data runs on the built-in world and its image tokenizer; the "
+                         f"checkpoint uses tokenizer {assets.name!r} (set eval.data=DIR to evaluate on your data)")
     edit_cfg = ImageSamplingConfig(**{**asdict(image_cfg), "cfg_scale": float(node.edit_cfg_scale)})
     config = WorldEvalConfig(split=node.split, num_items=int(node.num_items), seed=int(node.seed),
                              text=text_cfg, image=image_cfg, edit_image=edit_cfg)
@@ -101,6 +106,22 @@ def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, text_cfg: TextSa
         if not name.startswith("chance/"):
             print(f"{name:<{width}}  {value:.3f}   (chance {result.metrics.get('chance/' + name, float('nan')):.3f})")
     print(f"lumina-generate: eval on {config.split} ({config.num_items} items per task) -> {out}", flush=True)
+    return out
+
+
+def _run_own_eval(model, assets: GenerationAssets, node: DictConfig, text_cfg: TextSamplingConfig,
+                  image_cfg: ImageSamplingConfig, out: Path) -> Path:
+    config = OwnEvalConfig(data=str(node.data), num_items=int(node.num_items), seed=int(node.seed),
+                           text=text_cfg, image=image_cfg)
+    result = evaluate_own(model, assets, config)
+    (out / "eval.json").write_text(json.dumps({"metrics": result.metrics, "answers": result.answers,
+                                               "skipped": result.skipped}, indent=1) + "\n")
+    if result.grid is not None:
+        result.grid.save(out / "samples.png")
+    for name, value in result.metrics.items():
+        print(f"{name:<24}  {value:.4f}")
+    print(f"lumina-generate: eval on {config.data} (up to {config.num_items} items per task, {result.skipped} "
+          f"multi-exchange samples skipped) -> {out}", flush=True)
     return out
 
 

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from lumina.cli.data import main as data_main
+from lumina.data.storage import ParquetSampleDataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
 from pixel_helpers import write_imagefolder  # noqa: E402
@@ -59,8 +60,6 @@ def test_the_built_directory_is_a_dataset_root_read_as_train_and_val(trained):
 
 
 def test_non_square_pictures_become_grids_of_their_shape(trained):
-    from lumina.data.storage import ParquetSampleDataset
-
     root, _ = trained
     grids = {}
     for split in ("train", "val"):
@@ -135,3 +134,27 @@ def test_generate_understand_reads_an_image_file(trained):
     assert line["image"] == str(picture) and len(line["ids"]) <= 4
     vocabulary = set(json.loads((root / "data" / "tokenizer.json").read_text())["model"]["vocab"])
     assert set(line["answer"].split()) <= vocabulary
+
+
+def test_eval_on_the_held_out_split_writes_its_scores(trained):
+    root, _ = trained
+    out = _generate(root, "eval", ["task=eval", f"eval.data={root}/data", "eval.num_items=4", "image.steps=2",
+                                   "text.gen_length=8", "text.block_length=8", "text.steps=2"])
+    doc = json.loads((out / "eval.json").read_text())
+    metrics, answers = doc["metrics"], doc["answers"]
+    assert doc["skipped"] == 0 and metrics["understand/items"] == metrics["t2i/items"] == 4.0
+    captions = {line["file_name"]: line["text"] for line in map(json.loads, (root / "pics" / "metadata.jsonl")
+                                                                .read_text().splitlines())}
+    said = [a for a in answers if a["task"] == "understand"]
+    held = {sid.split("#")[0] for sid in ParquetSampleDataset(root / "data" / "val").sample_ids()}
+    assert {a["id"].split("#")[0] for a in said} <= held  # drawn from the held-out split only
+    assert [a["truth"] for a in said] == [captions[a["id"].split("#")[0]] for a in said]
+    assert metrics["understand/exact_match"] == sum(a["answer"] == a["truth"] for a in said) / 4
+    assert 0.0 <= metrics["understand/bleu"] <= 1.0
+    for task in ("understand", "t2i"):
+        assert 0.0 < metrics[f"{task}/loss"] < 20.0
+    t2i = [a for a in answers if a["task"] == "t2i"]
+    assert [a["prompt"] for a in t2i] == [captions[a["id"].split("#")[0]] for a in t2i]
+    grid = Image.open(out / "samples.png")  # per row: 12 px of prompt, then truth | generated
+    assert grid.height == sum(12 + 4 * a["grid"][0] + 2 for a in t2i)
+    assert grid.width >= max(2 * 4 * a["grid"][1] + 2 for a in t2i)
