@@ -3,8 +3,8 @@
     python experiments/bench/ingest.py [--images 384] [--height 96] [--width 128] [--size 32] [--repeats 3]
 
 Generated PNG pictures (a box on a plain background, noise sd 2; `tests/data/pixel_helpers.py`) of
-height x width px are read at the tokenizer's size (short side resized with LANCZOS, centre crop) by the
-built-in residual-VQ tokenizer (4 codebooks of 64 codes, patch 4, 10 k-means iterations). Timed in this
+height x width px are read at the tokenizer's size (long edge resized to --size with LANCZOS, centre crop to
+multiples of the patch, aspect ratio kept) by the built-in residual-VQ tokenizer (4 codebooks of 64 codes, patch 4, 10 k-means iterations). Timed in this
 process, torch on one thread, 0 and 2 workers alternately (`repeats` pairs; medians):
     read     reading every file alone (`FrameReader`: decode + resize + crop), the part workers parallelise
     fit      `fit_on_files` (read every file, k-means on the training 90%, PSNR on the held-out 10%)
@@ -12,7 +12,8 @@ process, torch on one thread, 0 and 2 workers alternately (`repeats` pairs; medi
 The ratio is the median over pairs of (time with 0 workers) / (time with 2 workers): the two runs of a pair
 share the machine's load of the moment, which on a shared machine moves single figures by 2x.
 
-Measured (2026-12-01, shared 2-core CPU under a load average of 3-5 from other jobs, `--repeats 5`):
+Measured (2026-12-01, shared 2-core CPU under a load average of 3-5 from other jobs, `--repeats 5`; then the
+short side went to --size and the centre square was kept, so these pictures coded 32 x 32 px, not 24 x 32):
 
 | pictures | stage | images/s, 0 workers | images/s, 2 workers | ratio 2 / 0 workers |
 |---|---|---|---|---|
@@ -48,6 +49,7 @@ from lumina.data.assets import save_assets  # noqa: E402
 from lumina.data.build import build_shards  # noqa: E402
 from lumina.data.fit_tokenizer import fit_on_files  # noqa: E402
 from lumina.data.ingest import FrameReader, PixelEncoder  # noqa: E402
+from lumina.data.pixels import Preparation  # noqa: E402
 from lumina.data.special_tokens import SpecialTokens  # noqa: E402
 from lumina.data.tokenizers.image_rvq import RVQSettings  # noqa: E402
 
@@ -90,7 +92,7 @@ def main() -> None:
     n = len(files)
 
     def read(workers: int) -> None:
-        with FrameReader(args.size, workers) as reader:
+        with FrameReader(Preparation(args.size, SETTINGS.patch_size), workers) as reader:
             reader.submit([(f,) for f in files])()
 
     def build(workers: int) -> None:
@@ -101,7 +103,7 @@ def main() -> None:
     rows = {"read only": paired(n, read, args.repeats),
             "fit": paired(n, lambda w: fit_on_files(files, SETTINGS, args.size, workers=w), args.repeats),
             "encode (build)": paired(n, build, args.repeats)}
-    print(f"{n} pictures of {args.height} x {args.width} px read at {args.size} x {args.size}; held-out PSNR "
+    print(f"{n} pictures of {args.height} x {args.width} px read at long edge {args.size}; held-out PSNR "
           f"{report['heldout_psnr_db']:.1f} dB (train {report['train_psnr_db']:.1f} dB)")
     print("| stage | images/s, 0 workers | images/s, 2 workers | ratio 2 / 0 workers (median of pairs) |")
     print("|---|---|---|---|")

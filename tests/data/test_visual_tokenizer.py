@@ -4,6 +4,7 @@ determinism, files on disk, the `fit-tokenizer` CLI and the tokenizer record a d
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +124,21 @@ def test_builtin_is_the_world_tokenizer():
     assert builtin.image_size == 32 and torch.equal(builtin.rvq.codebooks, cached_world_image_tokenizer().codebooks)
     with pytest.raises(FileNotFoundError, match="no visual_tokenizer.json there"):
         load_visual_tokenizer("/nonexistent/tok")
+
+
+def test_tokenizer_modules_import_neither_each_other_nor_the_world():
+    """No import circle, deferred imports included: visual.py (the base) imports no implementation, and no
+    tokenizer module imports the world (the registry, lumina.data.visual_tokenizers, resolves 'builtin')."""
+    import ast
+
+    from lumina.data import tokenizers
+
+    def imported(path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | \
+            {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+
+    folder = Path(tokenizers.__file__).parent
+    for path in folder.glob("*.py"):
+        assert not {m for m in imported(path) if m.startswith("lumina.data.world")}, path.name
+    assert not imported(folder / "visual.py") & {"lumina.data.tokenizers.rvq_visual", "lumina.data.tokenizers.atoken"}
