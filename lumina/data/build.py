@@ -18,8 +18,9 @@ line number):
         ]}]}
 
 Image and video files need a visual tokenizer (`pixels=PixelEncoder(tokenizer, ...)`, CLI `--image-tokenizer
-builtin|DIR`): they are read as `lumina.data.pixels` describes (RGB, EXIF orientation, short side resized to
-the tokenizer's size, centre crop; smaller images refused) and encoded streaming, in batches
+builtin|atoken|DIR`): they are read as `lumina.data.pixels` describes (RGB, long edge resized to --max-edge,
+default the tokenizer's image size, centre crop to multiples of the patch, aspect ratio kept; images with a
+side under one patch refused) and encoded streaming, in batches
 (`lumina.data.ingest`); the grid is the tokenizer's. A missing, unreadable, truncated or too small file is a bad
 row like any other.
 

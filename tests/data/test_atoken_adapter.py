@@ -98,3 +98,14 @@ def test_saved_record_reloads_through_the_registry(atoken, tmp_path):
     assert isinstance(loaded, ATokenTokenizer) and loaded.checkpoint == atoken.checkpoint
     record = VisualTokenizerRecord.of(atoken, directory)
     assert (record.name, record.num_codebooks, record.codebook_size, record.patch_size) == ("atoken", 8, 4096, 16)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_by_default(atoken_files):
+    atoken = ATokenTokenizer.from_pretrained(package_path=atoken_files["package"])  # no device: CUDA
+    assert atoken.device.type == "cuda" and atoken.wrapper.levels.dtype == torch.bfloat16
+    image, expected = painted(2, 3)
+    codes, grid = atoken.encode(image[None])
+    assert grid == (2, 3) and codes[0].tolist() == expected and codes.device.type == "cpu"
+    assert (atoken.decode(codes, grid) - image).abs().max() < 0.01

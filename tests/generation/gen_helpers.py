@@ -18,3 +18,16 @@ def record_backbone_packs(model) -> list:
 
     model.backbone = recording_backbone
     return seen
+
+
+def generate(checkpoint, output_dir, overrides: list[str]):
+    """`lumina-generate` in this process: the CLI's config composed with `overrides`, then `run(cfg)`."""
+    from hydra import compose, initialize_config_dir
+
+    from lumina.cli.train import CONF_DIR
+    from lumina.generation.run import run
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("generate", overrides=[f"checkpoint={checkpoint}", *overrides])
+    cfg.output_dir = str(output_dir)
+    return run(cfg)

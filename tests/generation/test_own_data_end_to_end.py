@@ -20,6 +20,7 @@ from lumina.cli.data import main as data_main
 from lumina.data.storage import ParquetSampleDataset
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
+from gen_helpers import generate  # noqa: E402
 from pixel_helpers import write_imagefolder  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
@@ -82,16 +83,7 @@ def test_training_learns_and_exports_the_datasets_tokenizers(trained):
 
 
 def _generate(root: Path, name: str, overrides: list[str]) -> Path:
-    """`lumina-generate` in this process: the CLI's config composed with `overrides`, then `run(cfg)`."""
-    from hydra import compose, initialize_config_dir
-
-    from lumina.cli.train import CONF_DIR
-    from lumina.generation.run import run
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("generate", overrides=[f"checkpoint={root}/run/hf", *overrides])
-    cfg.output_dir = str(root / name)
-    return run(cfg)
+    return generate(root / "run" / "hf", root / name, overrides)
 
 
 def test_generate_t2i_writes_pngs_of_the_asked_size(trained):
