@@ -4,8 +4,9 @@
 
 Generated PNG pictures (a box on a plain background, noise sd 2; `tests/data/pixel_helpers.py`) of
 height x width px are read at the tokenizer's size (long edge resized to --size with LANCZOS, centre crop to
-multiples of the patch, aspect ratio kept) by the built-in residual-VQ tokenizer (4 codebooks of 64 codes, patch 4, 10 k-means iterations). Timed in this
-process, torch on one thread, 0 and 2 workers alternately (`repeats` pairs; medians):
+multiples of the patch, aspect ratio kept) by the built-in residual-VQ tokenizer (4 codebooks of 64 codes,
+patch 4, 10 k-means iterations). Timed in this process, torch on one thread, 0 and 2 workers alternately
+(`repeats` pairs; medians):
     read     reading every file alone (`FrameReader`: decode + resize + crop), the part workers parallelise
     fit      `fit_on_files` (read every file, k-means on the training 90%, PSNR on the held-out 10%)
     encode   `build_shards` of a manifest of t2i rows, one image file each (read, encode, lay out, write)

@@ -23,8 +23,8 @@ image_height, as the official tools/tokenize_image.py), which the official infer
 read. Image files keep their aspect ratio: the long edge is resized to --max-edge (default: the tokenizer's
 image size; AToken's is 1024) and each side centre-cropped to a multiple of the patch. `--image-tokenizer
 atoken` drives the official AToken (options --atoken-config / --atoken-model / --atoken-package, else
-$ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; --device, default CUDA). `fit-tokenizer` fits the built-in residual-VQ tokenizer on image files and reports its held-out PSNR; `world`
-writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
+$ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; --device, default CUDA). `fit-tokenizer` fits the built-in
+residual-VQ tokenizer on image files and reports its held-out PSNR; `world` writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
 row counts, settings, recorded tokenizers and length statistics. Bad input ends the process with one line on
 stderr and exit status 2.
 """
@@ -38,13 +38,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_CODEBOOKS = (4096, 8)  # (codebook_size, num_codebooks) without a visual tokenizer: the official ones
-
 
 def _sizes(args: argparse.Namespace, visual: object | None) -> tuple[int, int]:
     """(codebook_size, num_codebooks): the visual tokenizer's, which explicit flags must agree with."""
-    if visual is None:
-        return (args.codebook_size or DEFAULT_CODEBOOKS[0], args.num_codebooks or DEFAULT_CODEBOOKS[1])
+    if visual is None:  # the official AToken files' sizes
+        from lumina.data.token_files import ATOKEN_CODES
+
+        return args.codebook_size or ATOKEN_CODES[1], args.num_codebooks or ATOKEN_CODES[0]
     for flag, given, own in (("--codebook-size", args.codebook_size, visual.codebook_size),
                              ("--num-codebooks", args.num_codebooks, visual.num_codebooks)):
         if given is not None and given != own:
@@ -93,7 +93,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise ValueError("give manifests or --imagefolder DIR (one of the two)")
     visual = _visual(args) if args.image_tokenizer else None
     if args.imagefolder and visual is None:
-        raise ValueError("--imagefolder needs --image-tokenizer builtin|DIR (a directory from fit-tokenizer)")
+        raise ValueError("--imagefolder needs --image-tokenizer builtin|atoken|DIR (a directory from fit-tokenizer)")
     out = Path(args.out)
     text_path = args.tokenizer
     tokenizer = HFTokenizer(args.tokenizer) if args.tokenizer else None

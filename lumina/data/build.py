@@ -113,7 +113,8 @@ def parse_pixel_part(part: dict, kind: str, where: str, base_dir: Path, pixels: 
         raise _RowError(f"{where}: a {kind} part takes " + (f"its image files as {key!r}" if key else
                                                             "no image files (a token file or codes)"))
     if not pixels:
-        raise _RowError(f"{where}.{key}: image files need a visual tokenizer (pass --image-tokenizer builtin|DIR)")
+        raise _RowError(f"{where}.{key}: image files need a visual tokenizer (pass --image-tokenizer "
+                        "builtin|atoken|DIR)")
     if "grid" in part:
         raise _RowError(f"{where}.grid: the grid of image files is the visual tokenizer's; drop 'grid'")
     names = [_require(part, key, str, where)] if kind == "image" else _require(part, key, list, where)

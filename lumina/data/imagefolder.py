@@ -8,8 +8,9 @@ becomes one sample per chosen task, named "<file_name>#<task>":
 The held-out split ("val") takes round(val_fraction * N) of the N images (at least one when val_fraction > 0
 and N >= 2): those whose sha256(f"{seed}:{file_name}") sorts first, so the split does not depend on line order,
 and both tasks of an image land in the same split. The rest is "train". A folder with train/ and val/ (or
-validation/) subfolders, each an imagefolder of its own (the Hugging Face layout), keeps those splits instead. A bad metadata line (not JSON, no
-`file_name` / `text`) or image is a bad row named by `metadata.jsonl` and its line number.
+validation/) subfolders, each an imagefolder of its own (the Hugging Face layout), keeps those splits instead.
+A bad metadata line (not JSON, no `file_name` / `text`) or image is a bad row named by `metadata.jsonl` and its
+line number.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ frames (at most 8 x batch_size rows); a chunk's files are read (`lumina.data.pix
 `prepare_image`: long edge to max_edge, default the tokenizer's image_size; centre crop to multiples of the
 patch; aspect ratio kept) in this process (workers=0) or by a pool of `workers` forked processes, which read
 the next chunk while this process encodes the current one. Images of one size are encoded `batch_size` at a
-time; each video (its frames must come out the same size) through `encode_video`. A file that cannot be read marks its row
-failed (`PendingRow.error`, naming the part and the file); the other rows go on. The codes do not depend on
-`batch_size` or `workers`.
+time; each video (its frames must come out the same size) through `encode_video`. A file that cannot be read
+marks its row failed (`PendingRow.error`, naming the part and the file); the other rows go on. The codes do not
+depend on `batch_size` or `workers`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from lumina.data.pixels import Preparation, read_image, to_signed
 from lumina.data.schema import Media, Part, Text
 from lumina.data.token_files import read_token_file, token_file_dict
+from lumina.data.tokenizers.atoken import PATCH as ATOKEN_PATCH
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.generation.assets import GenerationAssets, load_assets, load_model
 from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
@@ -37,7 +38,6 @@ from lumina.generation.text import generate_text
 from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
 
 DEFAULT_GRID = (8, 8)  # t2i without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
-ATOKEN_PATCH = 16  # without a visual tokenizer, height / width are in AToken's 16 px patches
 TASKS = ("t2i", "edit", "understand", "text", "eval")
 TOKEN_SUFFIXES = (".pkl", ".pt")  # official token files; any other file is read as an image
 
@@ -177,7 +177,7 @@ def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, in
     """The answer's (h, w) cells: cfg.height x cfg.width px (both, multiples of the patch), else the edit
     source's grid, else the visual tokenizer's image size square (DEFAULT_GRID without one)."""
     tokenizer = assets.image_tokenizer
-    patch = ATOKEN_PATCH if tokenizer is None else tokenizer.patch_size
+    patch = ATOKEN_PATCH if tokenizer is None else tokenizer.patch_size  # no tokenizer: the official model's
     height, width = cfg.get("height"), cfg.get("width")
     if height is not None or width is not None:
         for name, value in (("height", height), ("width", width)):
@@ -204,8 +204,8 @@ def load_image(path: str, assets: GenerationAssets, max_edge: int = 0, no_upscal
         return Media("image", found.codes, found.grid)
     tokenizer = assets.image_tokenizer
     if tokenizer is None:
-        raise ValueError(f"image {path!r}: pixels need a visual tokenizer (image_tokenizer=builtin|DIR); or pass "
-                         "a token file (.pt)")
+        raise ValueError(f"image {path!r}: pixels need a visual tokenizer (image_tokenizer=builtin|atoken|DIR); "
+                         "or pass a token file (.pkl / .pt)")
     prep = Preparation(int(max_edge), tokenizer.patch_size, upscale=not no_upscale)
     codes, grid = tokenizer.encode(to_signed(read_image(file, prep)[None]))
     return Media("image", codes[0], tuple(grid))

@@ -192,7 +192,7 @@ def test_image_files_need_a_visual_tokenizer(tmp_path, tokens):
     write_frames(tmp_path, 1, 0)
     manifest = write_manifest(tmp_path / "m.jsonl", [t2i("a", {"kind": "image", "file": "f0_0.png"})])
     with pytest.raises(BuildError, match=r"m.jsonl:1: turns\[1\]\.parts\[0\]\.file: image files need a visual "
-                                         r"tokenizer \(pass --image-tokenizer builtin\|DIR\)"):
+                                         r"tokenizer \(pass --image-tokenizer builtin\|atoken\|DIR\)"):
         build_shards([manifest], tmp_path / "out", tokens)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from lumina.data.token_files import TokenFileError, grid_order, image_coords
+from lumina.data.token_files import ATOKEN_CODES, TokenFileError, grid_order, image_coords
 from lumina.data.tokenizers.visual import CONFIG_FILE, check_pixels, read_config
 
 PACKAGE = "atoken_inference"
@@ -63,7 +63,7 @@ class ATokenTokenizer:
 
     name = "atoken"
     version = 2
-    num_codebooks, codebook_size, patch_size, temporal_patch = 8, 4096, PATCH, TEMPORAL_PATCH
+    (num_codebooks, codebook_size), patch_size, temporal_patch = ATOKEN_CODES, PATCH, TEMPORAL_PATCH
 
     def __init__(self, wrapper: Any, sparse_to_img_list: Any, config: str, checkpoint: str,
                  package_path: str | None = None, image_size: int = DEFAULT_MAX_EDGE):
