@@ -43,7 +43,8 @@ SIZE_KEYS = ("image_height", "image_width")
 
 
 def _numpy_globals() -> list[Any]:
-    """The NumPy objects a pickled ndarray / scalar refers to, under the names NumPy 1 and 2 write."""
+    """The NumPy objects a pickled ndarray / scalar refers to, under the names NumPy 1 and 2 write (NumPy 2
+    rebuilds each dtype through its DType class, so the integer, float and bool ones are listed)."""
     core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
     found: list[Any] = [np.ndarray, np.dtype]
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
