@@ -171,7 +171,12 @@ class PixelEncoder:
             if part.kind == "image":
                 codes, grid = next(encoded)
             else:
-                codes, grid = self.tokenizer.encode_video(to_signed(result))
+                try:
+                    codes, grid = self.tokenizer.encode_video(to_signed(result))
+                except ValueError as exc:  # a video the tokenizer cannot code (AToken: frames in fours)
+                    if row.error is None:
+                        row.error = PixelError(f"{part.where}.files: {exc}")
+                    continue
             parts[j] = Media(part.kind, codes, tuple(grid))
         if self.progress is not None:
             self.progress(sum(len(part.files) for *_, part in places))

@@ -109,3 +109,27 @@ def test_on_cuda_by_default(atoken_files):
     codes, grid = atoken.encode(image[None])
     assert grid == (2, 3) and codes[0].tolist() == expected and codes.device.type == "cpu"
     assert (atoken.decode(codes, grid) - image).abs().max() < 0.01
+
+
+def test_build_codes_video_frames_in_fours_and_names_a_video_it_cannot_code(atoken, tmp_path):
+    from PIL import Image
+
+    from lumina.data.build import build_shards
+    from lumina.data.ingest import PixelEncoder
+    from lumina.data.special_tokens import SpecialTokens
+    from lumina.data.storage import ParquetSampleDataset
+
+    frames, expected = painted(1, 2, frames=4)  # 4 frames of 16 x 32 px: one frame group, grid (1, 1, 2)
+    for i, frame in enumerate(frames):
+        Image.fromarray(((frame + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()).save(tmp_path / f"f{i}.png")
+    rows = [{"id": n, "turns": [{"role": "user", "parts": [{"kind": "video", "files": [f"f{i}.png" for i in range(k)]},
+                                                          {"kind": "text", "ids": [5]}]},
+                                {"role": "assistant", "parts": [{"kind": "text", "ids": [6]}]}]}
+            for n, k in (("four", 4), ("three", 3))]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = build_shards([tmp_path / "m.jsonl"], tmp_path / "out", SpecialTokens.official(), on_error="skip",
+                          pixels=PixelEncoder(atoken, max_edge=0))
+    assert report.rows_written == 1 and report.skipped[0].line == 2
+    assert "parts[0].files: frames has 3 frames; AToken codes videos in groups of 4" in report.skipped[0].reason
+    video = ParquetSampleDataset(tmp_path / "out")[0].turns[0].parts[0]
+    assert video.grid == (1, 1, 2) and video.codes.tolist() == expected
