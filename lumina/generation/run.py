@@ -3,9 +3,9 @@
 task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when a visual tokenizer decodes the codes (the
                      built-in world's, or the checkpoint's visual_tokenizer/ from its training data), else
                      code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]}; the answer is height x
-                     width px (multiples of the patch; default: an edit's source size, else the tokenizer's
-                     image size square, as infer_t2i_sft.py's resolve_output_image_size); <out>/answers.jsonl
-                     lists every prompt and its file
+                     width px (multiples of the patch) or grid cells (default: an edit's source size, else the
+                     tokenizer's image size square, as infer_t2i_sft.py's resolve_output_image_size);
+                     <out>/answers.jsonl lists every prompt and its file
 Image inputs (understand, edit) are prepared as infer_mmu_sft.py's prepare_image_for_encode does:
 input_max_edge (0: keep the size) and input_no_upscale, then a centre crop to multiples of the patch.
 task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
@@ -174,8 +174,8 @@ def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: 
 
 
 def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, int] | None) -> tuple[int, int]:
-    """The answer's (h, w) cells: cfg.height x cfg.width px (both, multiples of the patch), else the edit
-    source's grid, else the visual tokenizer's image size square (DEFAULT_GRID without one)."""
+    """The answer's (h, w) cells: cfg.height x cfg.width px (both, multiples of the patch), else cfg.grid, else
+    the edit source's grid, else the visual tokenizer's image size square (DEFAULT_GRID without one)."""
     tokenizer = assets.image_tokenizer
     patch = ATOKEN_PATCH if tokenizer is None else tokenizer.patch_size  # no tokenizer: the official model's
     height, width = cfg.get("height"), cfg.get("width")
@@ -185,6 +185,8 @@ def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, in
                 raise ValueError(f"{name}={value!r}: the answer's height and width must both be given, as positive "
                                  f"multiples of the visual tokenizer's patch ({patch} px)")
         return height // patch, width // patch
+    if cfg.get("grid"):
+        return tuple(int(g) for g in cfg.grid)
     if source is not None:
         return source
     if tokenizer is None:

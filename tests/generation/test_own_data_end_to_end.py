@@ -97,6 +97,8 @@ def test_generate_t2i_writes_pngs_of_the_asked_size(trained):
     assert Image.open(out / "images.png").size == (2 * (32 + 2), 16)
     default = _generate(root, "t2i-default", ["task=t2i", 'prompts=["a red box"]', "image.steps=2"])
     assert Image.open(default / "image_0.png").size == (SIZE, SIZE)  # the tokenizer's image size, square
+    cells = _generate(root, "t2i-grid", ["task=t2i", 'prompts=["a red box"]', "image.steps=2", "grid=[2,3]"])
+    assert Image.open(cells / "image_0.png").size == (12, 8)  # 2 x 3 cells of 4 px
     with pytest.raises(ValueError, match=r"height=18: .*positive multiples of the visual tokenizer's patch \(4 px\)"):
         _generate(root, "t2i-bad", ["task=t2i", 'prompts=["a red box"]', "height=18", "width=32"])
 
