@@ -4,7 +4,8 @@
 are placed in a seeded random order ("shuffled") or longest first ("longest_first", best-fit decreasing,
 ties in a seeded order); each goes into the open pack with the least room that still fits it, else into a
 new pack. Room lookup is a Fenwick tree over the free capacity 0..seq_len, so packing n samples costs
-O(n log seq_len).
+O(n log seq_len); the loop is a numba kernel over NumPy arrays and the packs come back as flat arrays (CSR),
+so 100M samples plan in seconds, not hours (`experiments/bench/data.py`).
 
 Longest first groups samples of similar length, so its packs each hold one or two of the world's five tasks
 (a step then trains those alone); the shuffled order puts all five in 82% of the packs at the same fill
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numba
 import numpy as np
 import torch
 
@@ -31,79 +33,125 @@ PackOrder = Literal["shuffled", "longest_first"]
 PACK_ORDERS = ("shuffled", "longest_first")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Packing:
-    """packs[p] = sample indices of pack p (in placement order); pack_tokens[p] = their summed length;
-    skipped = indices of samples longer than seq_len (policy "skip"), in index order."""
+    """Packs as flat arrays (CSR): pack p holds sample indices `members[offsets[p]:offsets[p + 1]]` in placement
+    order; pack_tokens[p] = their summed length; skipped = indices of samples longer than seq_len (policy
+    "skip"), ascending. members: int32 (int64 past 2**31 samples); offsets, pack_tokens, skipped: int64."""
 
     seq_len: int
-    packs: tuple[tuple[int, ...], ...]
-    pack_tokens: tuple[int, ...]
-    skipped: tuple[int, ...]
+    offsets: np.ndarray  # [num_packs + 1]
+    members: np.ndarray  # [packed samples]
+    pack_tokens: np.ndarray  # [num_packs]
+    skipped: np.ndarray  # [skipped samples]
 
     @property
     def num_packs(self) -> int:
-        return len(self.packs)
+        return len(self.pack_tokens)
 
     @property
     def tokens(self) -> int:
-        return sum(self.pack_tokens)
+        return int(self.pack_tokens.sum())
 
     @property
     def fill_ratio(self) -> float:
         """Sample tokens / (packs * seq_len); 1.0 for no packs."""
-        return self.tokens / (self.num_packs * self.seq_len) if self.packs else 1.0
+        return self.tokens / (self.num_packs * self.seq_len) if self.num_packs else 1.0
+
+    def pack(self, p: int) -> tuple[int, ...]:
+        """Sample indices of pack p, in placement order."""
+        return tuple(self.members[self.offsets[p]:self.offsets[p + 1]].tolist())
 
 
-class _FreeRoom:
-    """Open packs indexed by free capacity 0..seq_len: a Fenwick tree of counts plus a stack per capacity."""
+@numba.njit(cache=True, nogil=True)
+def _best_fit_kernel(placed: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Best fit of the lengths `placed` [n], in that order -> (pack of each [n] int32, -1 = longer than
+    seq_len; tokens [P] and sample count [P] of each pack).
 
-    def __init__(self, seq_len: int) -> None:
-        self.size = seq_len + 1
-        self.tree = [0] * (self.size + 1)
-        self.stacks: dict[int, list[int]] = {}
-        self.total = 0
-        self.top_bit = 1 << (self.size.bit_length() - 1)
+    Open packs are indexed by free room 0..seq_len: a Fenwick tree of how many open packs have each room,
+    plus a LIFO stack of packs per room (a linked list: `head[room]`, `below[pack]`). A sample goes into the
+    open pack with the least room >= its length (the most recently opened of those), else a new pack."""
+    n, size = placed.size, seq_len + 1
+    tree = np.zeros(size + 1, np.int64)
+    head = np.full(size, -1, np.int32)
+    top_bit = 1
+    while top_bit * 2 <= size:
+        top_bit *= 2
+    capacity = max(1024, n // 16)
+    below, tokens, count = np.empty(capacity, np.int32), np.empty(capacity, np.int64), np.empty(capacity, np.int32)
+    assign = np.empty(n, np.int32)
+    num_packs = total_open = 0
+    for k in range(n):
+        need = np.int64(placed[k])
+        if need > seq_len:
+            assign[k] = -1
+            continue
+        smaller, j = 0, need  # open packs with room < need
+        while j > 0:
+            smaller += tree[j]
+            j -= j & -j
+        if smaller == total_open:  # none fits: open a new pack
+            if num_packs == capacity:
+                capacity *= 2
+                below, tokens, count = _grow(below, capacity), _grow(tokens, capacity), _grow(count, capacity)
+            pack, room = num_packs, seq_len
+            tokens[pack] = count[pack] = 0
+            num_packs += 1
+        else:  # the (smaller + 1)-th smallest room, by Fenwick descent
+            rank, pos, step = smaller + 1, 0, top_bit
+            while step:
+                nxt = pos + step
+                if nxt <= size and tree[nxt] < rank:
+                    pos = nxt
+                    rank -= tree[nxt]
+                step >>= 1
+            room, pack = pos, head[pos]  # tree index pos + 1 holds room pos
+            head[room] = below[pack]
+            j = room + 1
+            while j <= size:
+                tree[j] -= 1
+                j += j & -j
+            total_open -= 1
+        assign[k] = pack
+        tokens[pack] += need
+        count[pack] += 1
+        left = room - need
+        if left > 0:
+            below[pack], head[left] = head[left], pack
+            j = left + 1
+            while j <= size:
+                tree[j] += 1
+                j += j & -j
+            total_open += 1
+    return assign, tokens[:num_packs].copy(), count[:num_packs].copy()
 
-    def _add(self, room: int, delta: int) -> None:
-        i = room + 1
-        while i <= self.size:
-            self.tree[i] += delta
-            i += i & -i
-        self.total += delta
 
-    def push(self, room: int, pack: int) -> None:
-        self.stacks.setdefault(room, []).append(pack)
-        self._add(room, 1)
-
-    def pop_smallest_at_least(self, need: int) -> tuple[int, int] | None:
-        """Remove and return (room, pack) with the least room >= need, or None."""
-        below, i = 0, need  # count of open packs with room < need
-        while i > 0:
-            below += self.tree[i]
-            i -= i & -i
-        if below == self.total:
-            return None
-        rank, pos, step = below + 1, 0, self.top_bit  # find the rank-th room in order (Fenwick descent)
-        while step:
-            nxt = pos + step
-            if nxt <= self.size and self.tree[nxt] < rank:
-                pos = nxt
-                rank -= self.tree[nxt]
-            step >>= 1
-        room = pos  # tree index pos + 1 holds room pos
-        pack = self.stacks[room].pop()
-        self._add(room, -1)
-        return room, pack
+@numba.njit(cache=True, nogil=True)
+def _grow(a: np.ndarray, capacity: int) -> np.ndarray:
+    out = np.empty(capacity, a.dtype)
+    out[:a.size] = a
+    return out
 
 
-def best_fit(lengths: Sequence[int], seq_len: int, rng: np.random.Generator, order: PackOrder = "shuffled",
-             overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None) -> Packing:
+@numba.njit(cache=True, nogil=True)
+def _group_members(assign: np.ndarray, placement: np.ndarray, offsets: np.ndarray, members: np.ndarray) -> None:
+    """members[offsets[p]:offsets[p + 1]] = the samples assigned to pack p, in placement order."""
+    fill = offsets[:-1].copy()
+    for k in range(assign.size):
+        p = assign[k]
+        if p >= 0:
+            members[fill[p]] = placement[k]
+            fill[p] += 1
+
+
+def best_fit(lengths: np.ndarray | Sequence[int], seq_len: int, rng: np.random.Generator,
+             order: PackOrder = "shuffled", overlong: OverlongPolicy = "error",
+             sample_id: Callable[[int], str] | None = None) -> Packing:
     """Pack samples of the given laid-out lengths into packs of at most `seq_len` tokens.
 
     No sample is split. A sample longer than `seq_len` raises ValueError naming it (policy "error") or is
     left out and listed in `Packing.skipped` (policy "skip"). `rng` draws the placement order (`order`
-    "shuffled") or orders samples of equal length ("longest_first").
+    "shuffled") or orders samples of equal length ("longest_first"). O(n log seq_len), compiled.
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be positive")
@@ -111,7 +159,9 @@ def best_fit(lengths: Sequence[int], seq_len: int, rng: np.random.Generator, ord
         raise ValueError(f"overlong={overlong!r}: expected one of {OVERLONG_POLICIES}")
     if order not in PACK_ORDERS:
         raise ValueError(f"order={order!r}: expected one of {PACK_ORDERS}")
-    lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    lens = np.asarray(lengths).reshape(-1)
+    if lens.dtype.kind not in "iu":
+        lens = lens.astype(np.int64)
     name = sample_id or (lambda i: f"#{i}")
     if lens.size and lens.min() <= 0:
         i = int(np.argmin(lens))
@@ -123,26 +173,16 @@ def best_fit(lengths: Sequence[int], seq_len: int, rng: np.random.Generator, ord
                          f"({too_long.size} such samples); raise seq_len or set overlong='skip'")
     placement = rng.permutation(lens.size)
     if order == "longest_first":
-        placement = placement[np.argsort(-lens[placement], kind="stable")]  # ties in the seeded order
-    room = _FreeRoom(seq_len)
-    members: list[list[int]] = []
-    used: list[int] = []
-    for i in placement.tolist():
-        n = int(lens[i])
-        if n > seq_len:
-            continue
-        found = room.pop_smallest_at_least(n)
-        if found is None:
-            pack, free = len(members), seq_len
-            members.append([])
-            used.append(0)
-        else:
-            free, pack = found
-        members[pack].append(i)
-        used[pack] += n
-        if free - n > 0:
-            room.push(free - n, pack)
-    return Packing(seq_len, tuple(tuple(m) for m in members), tuple(used), tuple(sorted(too_long.tolist())))
+        placement = placement[np.argsort(-lens[placement].astype(np.int64), kind="stable")]  # ties: seeded order
+    index_type = np.int32 if lens.size < 2**31 else np.int64
+    placement = placement.astype(index_type, copy=False)
+    # gathered up front: NumPy's gather overlaps its cache misses, the kernel's dependent loop would not
+    assign, tokens, count = _best_fit_kernel(lens[placement], seq_len)
+    offsets = np.zeros(len(count) + 1, np.int64)
+    np.cumsum(count, out=offsets[1:])
+    members = np.empty(int(offsets[-1]), index_type)
+    _group_members(assign, placement, offsets, members)
+    return Packing(seq_len, offsets, members, tokens, too_long.astype(np.int64))
 
 
 def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: int,

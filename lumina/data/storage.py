@@ -17,8 +17,10 @@ readers compare it with the settings they expect and refuse a mismatch (ids, cod
 "assets" (optional) records the text and visual tokenizers the shards were built with (`DatasetAssets`, paths
 relative to the shard's directory); every shard of a dataset must record the same ones.
 
-Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]`,
-`sample_ids() -> list[str]`, `tokens` (the SpecialTokens the lengths were computed with).
+Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]` (the
+narrowest unsigned integer type that holds them), `id_hashes() -> [N] uint64` (`noise.id_hashes`, the key of
+the CFG-dropout coins), `sample_id(i) -> str`, `sample_ids() -> list[str]` (small data sets: a Python object
+per sample), `tokens` (the SpecialTokens the lengths were computed with).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lumina.data.assets import DatasetAssets
+from lumina.data.noise import id_hashes
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 
@@ -241,7 +244,18 @@ class SampleDataset(Protocol):
 
     def laid_out_lengths(self) -> np.ndarray: ...
 
+    def id_hashes(self) -> np.ndarray: ...
+
+    def sample_id(self, index: int) -> str: ...
+
     def sample_ids(self) -> list[str]: ...
+
+
+def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Laid-out lengths in the narrowest unsigned type that holds them (uint16 below 65,536 tokens): the
+    [N, 4] table is what every epoch start reads, a quarter of int64's bytes at 100M samples."""
+    top = int(lengths.max()) if lengths.size else 0
+    return lengths.astype(np.min_scalar_type(max(top, 255)), copy=False)
 
 
 def _index(index: int, n: int) -> int:
@@ -308,10 +322,11 @@ class ParquetSampleDataset:
                 start += meta.row_group(g).num_rows
             table = pq.read_table(path, columns=["id", *LENGTH_COLUMNS])
             lengths.append(np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1))
-            ids += table.column("id").to_pylist()
+            ids.append(table.column("id"))
         self._starts = np.array([g[2] for g in self._groups], dtype=np.int64)
-        self._lengths = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros((0, 4), np.int64)
-        self._ids = ids
+        self._lengths = narrow_lengths(np.concatenate(lengths) if lengths else np.zeros((0, 4), np.int64))
+        self._ids = pa.chunked_array([c for column in ids for c in column.chunks], pa.string()).combine_chunks()
+        self._hashes = id_hashes(self._ids)
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cache_row_groups
 
@@ -324,11 +339,17 @@ class ParquetSampleDataset:
         return len(self._ids)
 
     def laid_out_lengths(self) -> np.ndarray:
-        """[N, 4] int64 laid-out lengths in LENGTH_COLUMNS order (keep, drop_text, drop_image, drop_both)."""
+        """[N, 4] laid-out lengths in LENGTH_COLUMNS order (keep, drop_text, drop_image, drop_both)."""
         return self._lengths
 
+    def id_hashes(self) -> np.ndarray:
+        return self._hashes
+
+    def sample_id(self, index: int) -> str:
+        return self._ids[_index(index, len(self))].as_py()
+
     def sample_ids(self) -> list[str]:
-        return list(self._ids)
+        return self._ids.to_pylist()
 
     def _row_group(self, g: int) -> pa.Table:
         if g in self._cache:
@@ -366,7 +387,9 @@ class InMemorySampleDataset:
         self.samples = list(samples)
         self.tokens = tokens
         self.length_fn = length_fn
-        self._lengths = np.array([sample_lengths(s, length_fn) for s in self.samples], dtype=np.int64).reshape(-1, 4)
+        self._lengths = narrow_lengths(np.array([sample_lengths(s, length_fn) for s in self.samples],
+                                                dtype=np.int64).reshape(-1, 4))
+        self._hashes = id_hashes([s.id for s in self.samples])
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -376,6 +399,12 @@ class InMemorySampleDataset:
 
     def laid_out_lengths(self) -> np.ndarray:
         return self._lengths
+
+    def id_hashes(self) -> np.ndarray:
+        return self._hashes
+
+    def sample_id(self, index: int) -> str:
+        return self.samples[_index(index, len(self))].id
 
     def sample_ids(self) -> list[str]:
         return [s.id for s in self.samples]
