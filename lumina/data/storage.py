@@ -30,6 +30,8 @@ import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -39,6 +41,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lumina.data.assets import DatasetAssets
+from lumina.data.fs import DEFAULT_RETRY, Retry, filesystem, is_url, open_binary, with_retries
 from lumina.data.noise import id_hashes
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
@@ -140,8 +143,12 @@ def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None
     return {METADATA_KEY: json.dumps(doc, sort_keys=True).encode()}
 
 
-def _metadata(path: str | Path) -> dict:
-    meta = pq.read_schema(path).metadata or {}
+def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
+    """The shard's b"lumina" document (from `schema` when given, else read from `path`)."""
+    if schema is None:
+        with open_binary(str(path)) as f:
+            schema = pq.read_schema(f)
+    meta = schema.metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")
     doc = json.loads(meta[METADATA_KEY])
@@ -151,15 +158,20 @@ def _metadata(path: str | Path) -> dict:
     return doc
 
 
-def read_settings(path: str | Path) -> SpecialTokens:
+def read_settings(path: str | Path, schema: pa.Schema | None = None) -> SpecialTokens:
     """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
-    return SpecialTokens(**_metadata(path)["special_tokens"])
+    return SpecialTokens(**_metadata(path, schema)["special_tokens"])
 
 
-def read_assets(path: str | Path) -> DatasetAssets:
+def read_assets(path: str | Path, schema: pa.Schema | None = None) -> DatasetAssets:
     """The tokenizers a shard records, paths resolved against its directory (empty when it records none)."""
-    doc = _metadata(path).get("assets")
-    return DatasetAssets() if doc is None else DatasetAssets.from_json(doc, str(path)).resolved_from(Path(path).parent)
+    doc = _metadata(path, schema).get("assets")
+    if doc is None:
+        return DatasetAssets()
+    if is_url(path):
+        raise ValueError(f"{path}: records tokenizer files beside the shard, which lumina reads from local disk "
+                         "only; keep shards that record tokenizers on a local or mounted file system")
+    return DatasetAssets.from_json(doc, str(path)).resolved_from(Path(path).parent)
 
 
 def settings_mismatch(found: SpecialTokens, expected: SpecialTokens) -> list[str]:
@@ -266,11 +278,15 @@ def _index(index: int, n: int) -> int:
     return int(index) % n
 
 
-def shard_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A file, a directory (its *.parquet, sorted), or a list of either -> shard files."""
+def shard_paths(paths: str | Path | Sequence[str | Path], retry: Retry = DEFAULT_RETRY) -> list[str | Path]:
+    """A file, a directory (its *.parquet, sorted), or a list of either -> shard files. URLs (`s3://b/prefix`)
+    name an object or a prefix holding *.parquet objects and stay strings; local paths become Paths."""
     items = [paths] if isinstance(paths, str | Path) else list(paths)
-    out: list[Path] = []
+    out: list[str | Path] = []
     for item in items:
+        if is_url(item):
+            out += _remote_shards(str(item), retry)
+            continue
         p = Path(item)
         if p.is_dir():
             found = sorted(p.glob("*.parquet"))
@@ -286,46 +302,93 @@ def shard_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return out
 
 
+def _remote_shards(url: str, retry: Retry) -> list[str]:
+    fs, inner = filesystem(url)
+    protocol = url.split("://", 1)[0]
+    if with_retries(url, "listing", lambda: fs.isfile(inner), retry):
+        return [url]
+    found = sorted(with_retries(url, "listing", lambda: fs.glob(inner.rstrip("/") + "/*.parquet"), retry))
+    if not found:
+        raise FileNotFoundError(f"{url}: no such shard, and no *.parquet shards under it")
+    return [f"{protocol}://{key}" for key in found]
+
+
+@dataclass(frozen=True)
+class _ShardIndex:
+    """What a dataset keeps of one shard: its settings, tokenizers, row-group sizes, lengths [n, 4], ids."""
+
+    tokens: SpecialTokens
+    assets: DatasetAssets
+    group_rows: list[int]
+    lengths: np.ndarray
+    ids: pa.ChunkedArray
+
+
+def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
+    """One shard's footer and its id and length columns, in one open (retried as a whole)."""
+
+    def read() -> _ShardIndex:
+        with open_binary(str(path)) as f:
+            try:
+                file = pq.ParquetFile(f)
+            except pa.ArrowInvalid as exc:  # truncated or not Parquet: bad data, not a transient failure
+                raise ValueError(f"{path}: not a readable Parquet shard ({exc})") from exc
+            schema = file.schema_arrow
+            tokens, assets = read_settings(path, schema), read_assets(path, schema)
+            missing = [c for c in ("id", *LENGTH_COLUMNS) if c not in schema.names]
+            if missing:
+                raise ValueError(f"{path}: lacks the columns {missing}; not a lumina sample shard")
+            table = file.read(columns=["id", *LENGTH_COLUMNS])
+            meta = file.metadata
+            groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        lengths = np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1) if table.num_rows else (
+            np.zeros((0, 4), np.int32))
+        return _ShardIndex(tokens, assets, groups, lengths, table.column("id"))
+
+    return with_retries(str(path), "reading the shard's footer and length columns", read, retry)
+
+
 class ParquetSampleDataset:
-    """Random access to Parquet sample shards. Lengths and ids are read eagerly from their own columns;
-    payloads are decoded per row group on demand (a small LRU cache of row groups).
+    """Random access to Parquet sample shards, local or on an object store (`lumina.data.fs`). Lengths and
+    ids are read eagerly from their own columns, every shard once, `readers` shards at a time; payloads are
+    fetched and decoded per row group on demand, at most `cache_row_groups` kept (an LRU per process, so
+    per DataLoader worker). Every store read is retried within `retry`, then fails naming the URL.
 
     tokens: the settings the caller expects; a shard written with other settings raises ValueError.
     assets: the tokenizers the shards record (`DatasetAssets`, paths resolved), the same in every shard."""
 
     def __init__(self, paths: str | Path | Sequence[str | Path], tokens: SpecialTokens | None = None,
-                 cache_row_groups: int = 16):
-        self.paths = shard_paths(paths)
-        found = read_settings(self.paths[0])
-        for path in self.paths:
-            stored = read_settings(path)
+                 cache_row_groups: int = 16, retry: Retry = DEFAULT_RETRY, readers: int = 16):
+        if cache_row_groups < 1:
+            raise ValueError(f"cache_row_groups={cache_row_groups}: must be >= 1")
+        self.paths = shard_paths(paths, retry)
+        self.retry = retry
+        with ThreadPoolExecutor(max_workers=max(1, min(readers, len(self.paths)))) as pool:
+            index = list(pool.map(lambda path: _read_index(path, retry), self.paths))
+        found = index[0].tokens
+        for path, shard in zip(self.paths, index, strict=True):
             for reference, what in ((found, f"shard {self.paths[0]}"), (tokens, "the expected settings")):
-                if reference is not None and stored != reference:
+                if reference is not None and shard.tokens != reference:
                     raise ValueError(f"{path}: special-token/codebook settings differ from {what}: "
-                                     + "; ".join(settings_mismatch(stored, reference)))
+                                     + "; ".join(settings_mismatch(shard.tokens, reference)))
         self.tokens = found
-        self.assets = read_assets(self.paths[0])
-        for path in self.paths[1:]:
-            stored = read_assets(path)
-            if not stored.same_as(self.assets):
-                raise ValueError(f"{path}: records other tokenizers than {self.paths[0]}: {stored.describe()} vs "
-                                 f"{self.assets.describe()}")
+        self.assets = index[0].assets
+        for path, shard in zip(self.paths[1:], index[1:], strict=True):
+            if not shard.assets.same_as(self.assets):
+                raise ValueError(f"{path}: records other tokenizers than {self.paths[0]}: "
+                                 f"{shard.assets.describe()} vs {self.assets.describe()}")
         self._groups: list[tuple[int, int, int]] = []  # (shard, row group, first global row)
         self._shard_starts: list[int] = []
-        lengths, ids = [], []
         start = 0
-        for s, path in enumerate(self.paths):
+        for s, shard in enumerate(index):
             self._shard_starts.append(start)
-            meta = pq.ParquetFile(path).metadata
-            for g in range(meta.num_row_groups):
+            for g, rows in enumerate(shard.group_rows):
                 self._groups.append((s, g, start))
-                start += meta.row_group(g).num_rows
-            table = pq.read_table(path, columns=["id", *LENGTH_COLUMNS])
-            lengths.append(np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1))
-            ids.append(table.column("id"))
+                start += rows
         self._starts = np.array([g[2] for g in self._groups], dtype=np.int64)
-        self._lengths = narrow_lengths(np.concatenate(lengths) if lengths else np.zeros((0, 4), np.int64))
-        self._ids = pa.chunked_array([c for column in ids for c in column.chunks], pa.string()).combine_chunks()
+        self._lengths = narrow_lengths(np.concatenate([shard.lengths for shard in index]))
+        chunks = [c for shard in index for c in shard.ids.chunks]
+        self._ids = pa.chunked_array(chunks, pa.string()).combine_chunks()
         self._hashes = id_hashes(self._ids)
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cache_row_groups
@@ -356,7 +419,13 @@ class ParquetSampleDataset:
             self._cache.move_to_end(g)
             return self._cache[g]
         shard, group, _ = self._groups[g]
-        table = pq.ParquetFile(self.paths[shard]).read_row_group(group, columns=["id", "source", "turns"])
+        path = str(self.paths[shard])
+
+        def read() -> pa.Table:
+            with open_binary(path) as f:
+                return pq.ParquetFile(f).read_row_group(group, columns=["id", "source", "turns"])
+
+        table = with_retries(path, f"reading row group {group}", read, self.retry)
         self._cache[g] = table
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
