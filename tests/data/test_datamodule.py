@@ -187,3 +187,26 @@ def test_mixture_source_lengths_match_layout() -> None:
         batches = list(dm.train_dataloader())
         assert sum(int(x.token_valid.sum()) for x in batches) == sum(want)
         assert sum(len(x.seg_bounds) - 1 for x in batches) == 10
+
+
+def test_pin_memory_follows_the_trainers_device() -> None:
+    """null: pinned only under a CUDA trainer (this CPU trainer: not); an explicit value wins."""
+    dm = make_dm(0)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        use_distributed_sampler=False)
+    dm.trainer = trainer
+    assert dm.train_dataloader().pin_memory is False
+    assert make_dm(0, pin_memory=True).train_dataloader().pin_memory is True
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_batches_copy_to_the_gpu_unchanged() -> None:
+    plain, pinned = list(make_dm(0).train_dataloader()), list(make_dm(2, pin_memory=True).train_dataloader())
+    assert len(plain) == len(pinned)
+    for a, b in zip(plain, pinned, strict=True):
+        assert b.input_ids.is_pinned() and b.token_valid.is_pinned() and b.cu_seqlens.is_pinned()
+        moved = b.to("cuda")
+        torch.cuda.synchronize()
+        assert moved.input_ids.is_cuda and torch.equal(moved.input_ids.cpu(), a.input_ids)
+        assert torch.equal(moved.labels.cpu(), a.labels) and moved.seg_bounds == a.seg_bounds
