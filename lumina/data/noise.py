@@ -124,7 +124,7 @@ def _variants(hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64, tex
 @numba.njit(cache=True, nogil=True)
 def _pick_lengths(stored: np.ndarray, hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64,
                   text_prob: float, image_prob: float) -> np.ndarray:
-    out = np.empty(hashes.size, stored.dtype)
+    out = np.empty(hashes.size, np.int32)
     for i in range(hashes.size):
         out[i] = stored[i, _variant(hashes[i], text_key, image_key, text_prob, image_prob)]
     return out
@@ -143,8 +143,9 @@ def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tupl
 
 
 def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, seed: int, epoch: int) -> np.ndarray:
-    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) and id hashes [N] -> [N] each sample's
-    length (stored's dtype) under the CFG-dropout decision `cfg_dropout(seed, epoch, id)` the layout takes."""
+    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) and id hashes [N] -> [N] int32 each
+    sample's length under the CFG-dropout decision `cfg_dropout(seed, epoch, id)` the layout takes (int32,
+    not the table's narrow type, so sums and Python arithmetic on them do not wrap)."""
     if stored.ndim != 2 or stored.shape != (hashes.size, 4):
         raise ValueError(f"stored lengths have shape {list(stored.shape)}, expected [{hashes.size}, 4]")
     return _pick_lengths(np.ascontiguousarray(stored), hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob,

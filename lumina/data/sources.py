@@ -64,7 +64,7 @@ class LayoutSource:
 
     def lengths(self, epoch: int) -> np.ndarray:
         if self.eval_t is not None:
-            return self._variants[:, 0]
+            return self._variants[:, 0].astype(np.int32)
         return dropout_lengths(self._variants, self._hashes, self.noise, self.seed, epoch)
 
     def sequence(self, index: int, epoch: int) -> TrainingSequence:

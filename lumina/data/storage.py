@@ -264,8 +264,10 @@ class SampleDataset(Protocol):
 
 
 def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Laid-out lengths in the narrowest unsigned type that holds them (uint16 below 65,536 tokens): the
-    [N, 4] table is what every epoch start reads, a quarter of int64's bytes at 100M samples."""
+    """Non-negative laid-out lengths in the narrowest unsigned type that holds them (uint16 below 65,536
+    tokens): the [N, 4] table every epoch start reads, a quarter of int64's bytes."""
+    if lengths.size and lengths.min() < 0:
+        raise ValueError(f"laid-out lengths hold a negative value ({int(lengths.min())})")
     top = int(lengths.max()) if lengths.size else 0
     return lengths.astype(np.min_scalar_type(max(top, 255)), copy=False)
 
@@ -343,6 +345,10 @@ def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
             groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         lengths = np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1) if table.num_rows else (
             np.zeros((0, 4), np.int32))
+        if lengths.size and lengths.min() < 0:
+            row, col = (int(v) for v in np.argwhere(lengths < 0)[0])
+            raise ValueError(f"{path}: row {row} has {LENGTH_COLUMNS[col]}={int(lengths[row, col])}; laid-out lengths "
+                             "cannot be negative")
         return _ShardIndex(tokens, assets, groups, lengths, table.column("id"))
 
     return with_retries(str(path), "reading the shard's footer and length columns", read, retry)

@@ -165,6 +165,6 @@ def test_dropout_lengths_take_the_layouts_coins():
     for epoch in (0, 5):
         got = dropout_lengths(stored, id_hashes(ids), cfg, 11, epoch)
         want = [4 * i + dt + 2 * di for i, (dt, di) in enumerate(cfg_dropout(11, epoch, s, cfg) for s in ids)]
-        assert got.dtype == np.uint16 and got.tolist() == want
+        assert got.dtype == np.int32 and got.tolist() == want
     with pytest.raises(ValueError, match=r"shape \[300, 3\], expected \[300, 4\]"):
         dropout_lengths(stored[:, :3], id_hashes(ids), cfg, 11, 0)
