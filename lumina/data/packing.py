@@ -3,9 +3,10 @@
 `best_fit` only sees lengths, so an epoch's whole plan is computed up front from stored lengths. Samples
 are placed in a seeded random order ("shuffled") or longest first ("longest_first", best-fit decreasing,
 ties in a seeded order); each goes into the open pack with the least room that still fits it, else into a
-new pack. Room lookup is a Fenwick tree over the free capacity 0..seq_len, so packing n samples costs
-O(n log seq_len); the loop is a numba kernel over NumPy arrays and the packs come back as flat arrays (CSR),
-so 100M samples plan in seconds, not hours (`experiments/bench/data.py`).
+new pack. Room lookup is a two-level bitset over the free capacity 0..seq_len, a few word operations per
+sample (the pure-Python packer before it used a Fenwick tree, with the same packs). The loop is a numba
+kernel over NumPy arrays and the packs come back as flat arrays (CSR), so 100M samples plan in well under a
+minute instead of hours (`experiments/bench/data.py`).
 
 Longest first groups samples of similar length, so its packs each hold one or two of the world's five tasks
 (a step then trains those alone); the shuffled order puts all five in 82% of the packs at the same fill
@@ -63,66 +64,98 @@ class Packing:
         return tuple(self.members[self.offsets[p]:self.offsets[p + 1]].tolist())
 
 
+_ONE, _ALL = np.uint64(1), np.uint64(0xFFFFFFFFFFFFFFFF)
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_INDEX = np.array([0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4, 62, 55, 59, 36, 53, 51, 43,
+                            22, 45, 39, 33, 30, 24, 18, 12, 5, 63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44,
+                            32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], np.int64)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lowest_bit(word: np.uint64) -> int:
+    """Index of the lowest set bit of a nonzero word (de Bruijn multiplication)."""
+    return _DEBRUIJN_INDEX[((word & (~word + _ONE)) * _DEBRUIJN) >> np.uint64(58)]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _set(bits: np.ndarray, summary: np.ndarray, room: int) -> None:
+    w = room >> 6
+    bits[w] |= _ONE << np.uint64(room & 63)
+    summary[w >> 6] |= _ONE << np.uint64(w & 63)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _clear(bits: np.ndarray, summary: np.ndarray, room: int) -> None:
+    w = room >> 6
+    bits[w] &= ~(_ONE << np.uint64(room & 63))
+    if bits[w] == 0:
+        summary[w >> 6] &= ~(_ONE << np.uint64(w & 63))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _least_room_at_least(bits: np.ndarray, summary: np.ndarray, need: int) -> int:
+    """The least room >= need that some open pack has, or -1."""
+    w = need >> 6
+    word = bits[w] & (_ALL << np.uint64(need & 63))
+    if word:
+        return (w << 6) + _lowest_bit(word)
+    w += 1
+    if w >= bits.size:
+        return -1
+    v = w >> 6
+    above = summary[v] & (_ALL << np.uint64(w & 63))
+    while above == 0:
+        v += 1
+        if v >= summary.size:
+            return -1
+        above = summary[v]
+    w = (v << 6) + _lowest_bit(above)
+    return (w << 6) + _lowest_bit(bits[w])
+
+
 @numba.njit(cache=True, nogil=True)
 def _best_fit_kernel(placed: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Best fit of the lengths `placed` [n], in that order -> (pack of each [n] int32, -1 = longer than
     seq_len; tokens [P] and sample count [P] of each pack).
 
-    Open packs are indexed by free room 0..seq_len: a Fenwick tree of how many open packs have each room,
-    plus a LIFO stack of packs per room (a linked list: `head[room]`, `below[pack]`). A sample goes into the
-    open pack with the least room >= its length (the most recently opened of those), else a new pack."""
+    Open packs are indexed by free room 0..seq_len: a LIFO stack of packs per room (a linked list: `head[room]`,
+    `below[pack]`) and a two-level bitset of the rooms whose stack is not empty, so the least room >= a length
+    is a few word operations. A sample goes into the open pack with the least room >= its length (the most
+    recently opened of those), else a new pack."""
     n, size = placed.size, seq_len + 1
-    tree = np.zeros(size + 1, np.int64)
+    words = (size + 63) // 64
+    bits, summary = np.zeros(words, np.uint64), np.zeros((words + 63) // 64, np.uint64)
     head = np.full(size, -1, np.int32)
-    top_bit = 1
-    while top_bit * 2 <= size:
-        top_bit *= 2
     capacity = max(1024, n // 16)
     below, tokens, count = np.empty(capacity, np.int32), np.empty(capacity, np.int64), np.empty(capacity, np.int32)
     assign = np.empty(n, np.int32)
-    num_packs = total_open = 0
+    num_packs = 0
     for k in range(n):
         need = np.int64(placed[k])
         if need > seq_len:
             assign[k] = -1
             continue
-        smaller, j = 0, need  # open packs with room < need
-        while j > 0:
-            smaller += tree[j]
-            j -= j & -j
-        if smaller == total_open:  # none fits: open a new pack
+        room = _least_room_at_least(bits, summary, need)
+        if room < 0:  # none fits: open a new pack
             if num_packs == capacity:
                 capacity *= 2
                 below, tokens, count = _grow(below, capacity), _grow(tokens, capacity), _grow(count, capacity)
             pack, room = num_packs, seq_len
             tokens[pack] = count[pack] = 0
             num_packs += 1
-        else:  # the (smaller + 1)-th smallest room, by Fenwick descent
-            rank, pos, step = smaller + 1, 0, top_bit
-            while step:
-                nxt = pos + step
-                if nxt <= size and tree[nxt] < rank:
-                    pos = nxt
-                    rank -= tree[nxt]
-                step >>= 1
-            room, pack = pos, head[pos]  # tree index pos + 1 holds room pos
+        else:
+            pack = head[room]
             head[room] = below[pack]
-            j = room + 1
-            while j <= size:
-                tree[j] -= 1
-                j += j & -j
-            total_open -= 1
+            if head[room] < 0:
+                _clear(bits, summary, room)
         assign[k] = pack
         tokens[pack] += need
         count[pack] += 1
         left = room - need
         if left > 0:
+            if head[left] < 0:
+                _set(bits, summary, left)
             below[pack], head[left] = head[left], pack
-            j = left + 1
-            while j <= size:
-                tree[j] += 1
-                j += j & -j
-            total_open += 1
     return assign, tokens[:num_packs].copy(), count[:num_packs].copy()
 
 
@@ -151,7 +184,7 @@ def best_fit(lengths: np.ndarray | Sequence[int], seq_len: int, rng: np.random.G
 
     No sample is split. A sample longer than `seq_len` raises ValueError naming it (policy "error") or is
     left out and listed in `Packing.skipped` (policy "skip"). `rng` draws the placement order (`order`
-    "shuffled") or orders samples of equal length ("longest_first"). O(n log seq_len), compiled.
+    "shuffled") or orders samples of equal length ("longest_first"). O(n), compiled.
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be positive")
@@ -176,8 +209,12 @@ def best_fit(lengths: np.ndarray | Sequence[int], seq_len: int, rng: np.random.G
         placement = placement[np.argsort(-lens[placement].astype(np.int64), kind="stable")]  # ties: seeded order
     index_type = np.int32 if lens.size < 2**31 else np.int64
     placement = placement.astype(index_type, copy=False)
-    # gathered up front: NumPy's gather overlaps its cache misses, the kernel's dependent loop would not
-    assign, tokens, count = _best_fit_kernel(lens[placement], seq_len)
+    # gathered up front (NumPy's gather overlaps its cache misses, the kernel's loop would not), from a copy
+    # in the narrowest type that holds seq_len + 1 (overlong samples stay overlong): fewer bytes to miss on
+    narrow_type = np.min_scalar_type(seq_len + 1)
+    narrow = (lens if np.can_cast(lens.dtype, narrow_type) else np.minimum(lens, seq_len + 1)).astype(narrow_type)
+    assign, tokens, count = _best_fit_kernel(narrow[placement], seq_len)
+    del narrow
     offsets = np.zeros(len(count) + 1, np.int64)
     np.cumsum(count, out=offsets[1:])
     members = np.empty(int(offsets[-1]), index_type)

@@ -25,7 +25,7 @@ BUCKET, PREFIX = "lumina", "world/train"
 URL = f"s3://{BUCKET}/{PREFIX}"
 # a small store-backed run: one row group per 8-sample shard and a one-group cache, so packs keep reading
 TRAIN = ["experiment=debug", "data=parquet", f"data.sources.0.path={URL}", "data.sources.0.options.cache_row_groups=1",
-         "data.sources.0.options.read_attempts=2", "trainer.max_steps=12", "trainer.limit_val_batches=0",
+         "data.sources.0.options.read_attempts=2", "trainer.max_steps=8", "trainer.limit_val_batches=0",
          "callbacks.checkpoint.every_n_train_steps=2", "callbacks.progress_bar=null", "callbacks.expert_usage=null",
          "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "logger=csv"]
 
@@ -66,7 +66,7 @@ def test_training_from_the_store_survives_an_outage(store, tmp_path):
     out, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err[-3000:]
     want = losses(tmp_path / "straight", 0)
-    assert sorted(want) == list(range(12)) and len({round(v, 6) for v in want.values()}) == 12
+    assert sorted(want) == list(range(8)) and len({round(v, 6) for v in want.values()}) == 8
 
     run_dir = tmp_path / "outage"
     job = train(server, run_dir)
@@ -85,13 +85,13 @@ def test_training_from_the_store_survives_an_outage(store, tmp_path):
     assert len(errors) == 1, err[-3000:]
     assert f"{URL}/world-train-" in errors[0] and ".parquet: reading row group 0 failed 2 times" in errors[0]
     saved_steps = sorted(int(p.stem.removeprefix("step")) for p in (run_dir / "checkpoints").glob("step*.ckpt"))
-    assert saved_steps and saved_steps[-1] < 12  # it failed mid-run, after a checkpoint
+    assert saved_steps and saved_steps[-1] < 8  # it failed mid-run, after a checkpoint
 
     again = train(server, run_dir)  # the same command, the store back
     _, err = again.communicate(timeout=600)
     assert again.returncode == 0, err[-3000:]
     resumed = losses(run_dir, 1)
-    assert min(resumed) == saved_steps[-1] and max(resumed) == 11  # resumed at the last checkpoint
+    assert min(resumed) == saved_steps[-1] and max(resumed) == 7  # resumed at the last checkpoint
     for step, loss in resumed.items():
         assert loss == want[step], f"step {step}"
 
