@@ -69,12 +69,13 @@ def filesystem(url: str):
     return fs, path
 
 
-def open_binary(path: str) -> IO[bytes]:
-    """A seekable binary file of a local path or URL; a URL's reads fetch exactly the byte ranges asked for."""
+def open_binary(path: str, size: int | None = None) -> IO[bytes]:
+    """A seekable binary file of a local path or URL; a URL's reads fetch exactly the byte ranges asked for
+    (`size`, when known, saves the request that looks it up)."""
     if not is_url(path):
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     fs, inner = filesystem(path)
-    return fs.open(inner, "rb", cache_type="none")
+    return fs.open(inner, "rb", cache_type="none", size=size)
 
 
 def with_retries(url: str, what: str, fn: Callable[[], T], retry: Retry) -> T:

@@ -317,11 +317,13 @@ def _remote_shards(url: str, retry: Retry) -> list[str]:
 
 @dataclass(frozen=True)
 class _ShardIndex:
-    """What a dataset keeps of one shard: its settings, tokenizers, row-group sizes, lengths [n, 4], ids."""
+    """What a dataset keeps of one shard: its settings, tokenizers, footer and byte size (so a payload read
+    fetches only its column chunks), lengths [n, 4], ids."""
 
     tokens: SpecialTokens
     assets: DatasetAssets
-    group_rows: list[int]
+    metadata: pq.FileMetaData
+    size: int
     lengths: np.ndarray
     ids: pa.ChunkedArray
 
@@ -341,15 +343,14 @@ def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
             if missing:
                 raise ValueError(f"{path}: lacks the columns {missing}; not a lumina sample shard")
             table = file.read(columns=["id", *LENGTH_COLUMNS])
-            meta = file.metadata
-            groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            size = f.seek(0, 2)
         lengths = np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1) if table.num_rows else (
             np.zeros((0, 4), np.int32))
         if lengths.size and lengths.min() < 0:
             row, col = (int(v) for v in np.argwhere(lengths < 0)[0])
             raise ValueError(f"{path}: row {row} has {LENGTH_COLUMNS[col]}={int(lengths[row, col])}; laid-out lengths "
                              "cannot be negative")
-        return _ShardIndex(tokens, assets, groups, lengths, table.column("id"))
+        return _ShardIndex(tokens, assets, file.metadata, size, lengths, table.column("id"))
 
     return with_retries(str(path), "reading the shard's footer and length columns", read, retry)
 
@@ -388,13 +389,14 @@ class ParquetSampleDataset:
         start = 0
         for s, shard in enumerate(index):
             self._shard_starts.append(start)
-            for g, rows in enumerate(shard.group_rows):
+            for g in range(shard.metadata.num_row_groups):
                 self._groups.append((s, g, start))
-                start += rows
+                start += shard.metadata.row_group(g).num_rows
+        self._footers = [(shard.metadata, shard.size) for shard in index]
         self._starts = np.array([g[2] for g in self._groups], dtype=np.int64)
         self._lengths = narrow_lengths(np.concatenate([shard.lengths for shard in index]))
-        chunks = [c for shard in index for c in shard.ids.chunks]
-        self._ids = pa.chunked_array(chunks, pa.string()).combine_chunks()
+        chunks = [c.cast(pa.large_string()) for shard in index for c in shard.ids.chunks]  # 64-bit offsets
+        self._ids = pa.chunked_array(chunks, pa.large_string()).combine_chunks()
         self._hashes = id_hashes(self._ids)
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cache_row_groups
@@ -427,9 +429,12 @@ class ParquetSampleDataset:
         shard, group, _ = self._groups[g]
         path = str(self.paths[shard])
 
-        def read() -> pa.Table:
-            with open_binary(path) as f:
-                return pq.ParquetFile(f).read_row_group(group, columns=["id", "source", "turns"])
+        footer, size = self._footers[shard]
+
+        def read() -> pa.Table:  # the known footer and size; the three column chunks in one coalesced read
+            with open_binary(path, size) as f:
+                file = pq.ParquetFile(f, metadata=footer, pre_buffer=True)
+                return file.read_row_group(group, columns=["id", "source", "turns"])
 
         table = with_retries(path, f"reading row group {group}", read, self.retry)
         self._cache[g] = table

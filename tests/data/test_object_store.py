@@ -1,7 +1,7 @@
 """Shards on an object store: a real S3-compatible server (moto in server mode, its own process on a loopback
 port) holds `lumina-data world` shards. `lumina-train data=parquet data.sources.0.path=s3://...` trains from
 it; the store going away mid-run fails the run within its retry budget with one line naming the URL, and the
-same command after the store is back resumes with the losses of an uninterrupted run. Bad shards on the store
+same command after the store is back resumes with the losses of an uninterrupted run (from local disk). Bad shards on the store
 (missing, truncated, written with other settings) each raise naming the URL."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lumina.data.storage import InMemorySampleDataset, ParquetSampleDataset
 BUCKET, PREFIX = "lumina", "world/train"
 URL = f"s3://{BUCKET}/{PREFIX}"
 # a small store-backed run: one row group per 8-sample shard and a one-group cache, so packs keep reading
-TRAIN = ["experiment=debug", "data=parquet", f"data.sources.0.path={URL}", "data.sources.0.options.cache_row_groups=1",
+TRAIN = ["experiment=debug", "data=parquet", "data.sources.0.options.cache_row_groups=1",
          "data.sources.0.options.read_attempts=2", "trainer.max_steps=8", "trainer.limit_val_batches=0",
          "callbacks.checkpoint.every_n_train_steps=2", "callbacks.progress_bar=null", "callbacks.expert_usage=null",
          "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "logger=csv"]
@@ -48,11 +48,12 @@ def store(tmp_path_factory):
             os.environ[key] = value
 
 
-def train(server: S3Server, run_dir: Path) -> subprocess.Popen:
+def train(server: S3Server, run_dir: Path, path: str = URL) -> subprocess.Popen:
     env = {**os.environ, **server.env}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.Popen([sys.executable, "-m", "lumina.train", *TRAIN, f"hydra.run.dir={run_dir}"],
-                            cwd=run_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "lumina.train", *TRAIN, f"data.sources.0.path={path}",
+                             f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def losses(run_dir: Path, version: int) -> dict[int, float]:
@@ -62,12 +63,7 @@ def losses(run_dir: Path, version: int) -> dict[int, float]:
 
 def test_training_from_the_store_survives_an_outage(store, tmp_path):
     server, root = store
-    straight = train(server, tmp_path / "straight")
-    out, err = straight.communicate(timeout=600)
-    assert straight.returncode == 0, err[-3000:]
-    want = losses(tmp_path / "straight", 0)
-    assert sorted(want) == list(range(8)) and len({round(v, 6) for v in want.values()}) == 8
-
+    straight = train(server, tmp_path / "straight", str(root / "world"))  # uninterrupted, from local disk
     run_dir = tmp_path / "outage"
     job = train(server, run_dir)
     deadline = time.monotonic() + 600
@@ -80,6 +76,10 @@ def test_training_from_the_store_survives_an_outage(store, tmp_path):
     finally:
         server.start()
         server.upload(root / "world", BUCKET, PREFIX)
+    _, straight_err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, straight_err[-3000:]
+    want = losses(tmp_path / "straight", 0)
+    assert sorted(want) == list(range(8)) and len({round(v, 6) for v in want.values()}) == 8
     assert job.returncode == 1, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("lumina-train: error:")]
     assert len(errors) == 1, err[-3000:]
