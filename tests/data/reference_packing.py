@@ -4,11 +4,11 @@ rng and order. Returns (packs as lists of sample indices, their tokens, skipped 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from lumina.data.packing import OVERLONG_POLICIES, PACK_ORDERS, OverlongPolicy, PackOrder
+from lumina.data.packing import PackOrder
 
 
 class _FreeRoom:
@@ -54,29 +54,11 @@ class _FreeRoom:
 
 
 def reference_best_fit(lengths: Sequence[int], seq_len: int, rng: np.random.Generator, order: PackOrder = "shuffled",
-             overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None) -> tuple[list[list[int]], list[int], list[int]]:
-    """Pack samples of the given laid-out lengths into packs of at most `seq_len` tokens.
-
-    No sample is split. A sample longer than `seq_len` raises ValueError naming it (policy "error") or is
-    left out and listed in `Packing.skipped` (policy "skip"). `rng` draws the placement order (`order`
-    "shuffled") or orders samples of equal length ("longest_first").
-    """
-    if seq_len <= 0:
-        raise ValueError(f"seq_len={seq_len}: must be positive")
-    if overlong not in OVERLONG_POLICIES:
-        raise ValueError(f"overlong={overlong!r}: expected one of {OVERLONG_POLICIES}")
-    if order not in PACK_ORDERS:
-        raise ValueError(f"order={order!r}: expected one of {PACK_ORDERS}")
+                       ) -> tuple[list[list[int]], list[int], list[int]]:
+    """Best fit of valid lengths (>= 1; those longer than seq_len are skipped) in the placement order `rng`
+    draws ("shuffled"), or longest first with ties in that order ("longest_first")."""
     lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    name = sample_id or (lambda i: f"#{i}")
-    if lens.size and lens.min() <= 0:
-        i = int(np.argmin(lens))
-        raise ValueError(f"sample {name(i)} (index {i}) has laid-out length {int(lens[i])}; lengths must be >= 1")
     too_long = np.flatnonzero(lens > seq_len)
-    if too_long.size and overlong == "error":
-        i = int(too_long[0])
-        raise ValueError(f"sample {name(i)} (index {i}) has laid-out length {int(lens[i])} > seq_len={seq_len} "
-                         f"({too_long.size} such samples); raise seq_len or set overlong='skip'")
     placement = rng.permutation(lens.size)
     if order == "longest_first":
         placement = placement[np.argsort(-lens[placement], kind="stable")]  # ties in the seeded order

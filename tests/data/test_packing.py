@@ -181,7 +181,7 @@ def test_same_packs_as_the_reference_packer(order: str) -> None:
             lengths = cases.choice([1, max(seq_len // 2, 1), seq_len, seq_len + 3], n)
         seed = int(cases.integers(2**32))
         want_packs, want_tokens, want_skipped = reference_best_fit(lengths.tolist(), seq_len,
-                                                                   np.random.default_rng(seed), order, "skip")
+                                                                   np.random.default_rng(seed), order)
         dtype = cases.choice([np.int64, np.int32, np.uint16] if lengths.max(initial=0) < 2**16 else [np.int64])
         got = best_fit(lengths.astype(dtype), seq_len,
                        np.random.default_rng(seed), order, "skip")  # type: ignore[arg-type]
