@@ -36,11 +36,6 @@ class Retry:
         if self.backoff_s < 0:
             raise ValueError(f"retry backoff_s={self.backoff_s}: must be >= 0")
 
-    @property
-    def waits_s(self) -> float:
-        """Seconds spent waiting between the tries when every try fails."""
-        return self.backoff_s * (2 ** (self.attempts - 1) - 1)
-
 
 DEFAULT_RETRY = Retry()
 
