@@ -99,10 +99,8 @@ def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens
     try:
         reading = dict(cache_row_groups=int(options.get("cache_row_groups", 16)),
                        retry=Retry(attempts=int(options.get("read_attempts", 4))))
-        if reading["cache_row_groups"] < 1:
-            raise ValueError(f"cache_row_groups={reading['cache_row_groups']}: must be >= 1")
-    except ValueError as exc:
-        raise ConfigError(f"data.sources[{index}].options: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"data.sources[{index}].options.cache_row_groups / read_attempts: {exc}") from exc
     train = ParquetSampleDataset(path, tokens=expected, **reading)
     val_path = options.get("val_path")
     val = ParquetSampleDataset(val_path, tokens=train.tokens, **reading) if val_path is not None else None
