@@ -3,7 +3,8 @@
 Configuration mistakes end the process with one line on stderr and exit status 2; set HYDRA_FULL_ERROR=1
 for the full traceback instead. In a multi-process job every rank exits with that status, the line comes
 from rank 0 only (the configuration is the same on every rank), and the process group is shut down first,
-so no rank aborts at interpreter exit; a failed participation check is reported the same way (status 1). `estimate_memory=true` prints the step-memory estimate of the composed config
+so no rank aborts at interpreter exit; a failed participation check, and a data-store read that failed after
+its retries (`lumina.data.fs.StoreError`), are reported the same way (status 1). `estimate_memory=true` prints the step-memory estimate of the composed config
 instead of training (`lumina.training.memory_estimate.report_memory`): exit status 0, or 2 with one error
 line when it exceeds `memory_budget_gib`."""
 
@@ -28,10 +29,12 @@ def config_errors() -> tuple[type[BaseException], ...]:
 
 
 def reported_errors() -> tuple[type[BaseException], ...]:
-    """Configuration errors and the participation check's error: both raised alike on every rank."""
+    """Configuration errors, the participation check's error, and a data-store read that still failed after
+    its retry budget (its line names the URL; the last checkpoint resumes once the store is back)."""
+    from lumina.data.fs import StoreError
     from lumina.distributed.participation import ParticipationError
 
-    return (*config_errors(), ParticipationError)
+    return (*config_errors(), ParticipationError, StoreError)
 
 
 def shut_down_distributed() -> int:

@@ -165,11 +165,20 @@ class PackedBatch:
         return self.input_ids.device
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        """Move every tensor, and the whole pack of a window (seg_bounds stays a host tuple)."""
-        changes: dict[str, object] = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                                      if isinstance(getattr(self, f.name), torch.Tensor)}
+        """Move every tensor, and the whole pack of a window (seg_bounds stays a host tuple). From pinned host
+        memory (`pin_memory`, the DataLoader's `pin_memory=True`) the copies are asynchronous."""
+        changes: dict[str, object] = {f.name: (t := getattr(self, f.name)).to(device, non_blocking=t.is_pinned())
+                                      for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
         if self.whole is not None:
             changes["whole"] = self.whole.to(device)
+        return dataclasses.replace(self, **changes)
+
+    def pin_memory(self) -> PackedBatch:
+        """Every tensor in page-locked host memory (what the DataLoader's pin-memory thread calls)."""
+        changes: dict[str, object] = {f.name: getattr(self, f.name).pin_memory() for f in dataclasses.fields(self)
+                                      if isinstance(getattr(self, f.name), torch.Tensor)}
+        if self.whole is not None:
+            changes["whole"] = self.whole.pin_memory()
         return dataclasses.replace(self, **changes)
 
     def padded(self, seq_len: int, pad_id: int) -> PackedBatch:

@@ -53,6 +53,7 @@ class DataConfig:
     num_workers: int = 0
     persistent_workers: bool = True
     prefetch_factor: int | None = None
+    pin_memory: bool | None = None  # page-locked batches for async host-to-GPU copies; None: on a CUDA trainer
     overlong: str = "error"  # OverlongPolicy: "error" | "skip" (a plain str so OmegaConf can type it)
     pack_order: str = "shuffled"  # PackOrder: "shuffled" (tasks mixed in every pack) | "longest_first"
     pad_id: int | None = PAD_TOKEN_ID  # None: the data's own (resolved by the data factory)
@@ -168,7 +169,16 @@ class LuminaDataModule(L.LightningDataModule):
         workers = cfg.num_workers
         return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=identity, num_workers=workers,
                           persistent_workers=cfg.persistent_workers and workers > 0,
-                          prefetch_factor=cfg.prefetch_factor if workers > 0 else None)
+                          prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+                          pin_memory=self._pin_memory())
+
+    def _pin_memory(self) -> bool:
+        """data.pin_memory, or (null) whether the trainer runs on CUDA: pinned pages only help a GPU copy."""
+        if self.config.pin_memory is not None:
+            return self.config.pin_memory
+        trainer = self.trainer
+        root = getattr(getattr(trainer, "strategy", None), "root_device", None)
+        return root is not None and root.type == "cuda"
 
     def train_dataloader(self) -> DataLoader:
         cfg = self.config

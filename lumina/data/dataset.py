@@ -18,7 +18,7 @@ from lumina.data.plan import EpochPlan, PackSchedule
 from lumina.data.sources import LayoutSource, MixtureSource, PackSource, SyntheticSource
 
 __all__ = ["FixedSampler", "LayoutSource", "MixtureSource", "PackKey", "PackSampler", "PackSource",
-           "PackedDataset", "SyntheticSource", "identity", "keys_for"]
+           "PackedDataset", "SyntheticSource", "identity", "keys_for", "pack_key"]
 
 
 class PackKey(NamedTuple):
@@ -46,13 +46,15 @@ class PackedDataset(Dataset):
         return collate_pack(sequences, self.seq_len, self.pad_id, self.num_codebooks)
 
 
+def pack_key(plan: EpochPlan, p: int | None) -> PackKey:
+    """Pack index p of an epoch plan (None = padding) -> its PackKey."""
+    indices = plan.pack(p) if p is not None else ()
+    return PackKey(plan.epoch, indices, tuple(plan.lengths[list(indices)].tolist()))
+
+
 def keys_for(plan: EpochPlan, packs: Sequence[int | None]) -> list[PackKey]:
     """Pack indices of an epoch plan (None = padding) -> PackKeys."""
-    keys = []
-    for p in packs:
-        indices = plan.pack(p) if p is not None else ()
-        keys.append(PackKey(plan.epoch, indices, tuple(plan.lengths[i] for i in indices)))
-    return keys
+    return [pack_key(plan, p) for p in packs]
 
 
 class PackSampler(Sampler[PackKey]):
@@ -76,7 +78,8 @@ class PackSampler(Sampler[PackKey]):
     def __iter__(self) -> Iterator[PackKey]:
         epoch = self.current_epoch()
         packs = self.schedule.begin(epoch)
-        return iter(keys_for(self.schedule.plan(epoch), packs))
+        plan = self.schedule.plan(epoch)
+        return (pack_key(plan, p) for p in packs)  # keys made as the loader asks: no per-sample list
 
 
 class FixedSampler(Sampler[PackKey]):

@@ -144,5 +144,12 @@ class ConcatSampleDataset:
         return np.concatenate([np.asarray(self.sources[n].laid_out_lengths(), dtype=np.int64).reshape(-1, 4)
                                for n in self.names])
 
+    def id_hashes(self) -> np.ndarray:
+        return np.concatenate([self.sources[n].id_hashes() for n in self.names])
+
+    def sample_id(self, index: int) -> str:
+        name, i = self.locate(index)
+        return self.sources[name].sample_id(i)
+
     def sample_ids(self) -> list[str]:
         return [sid for n in self.names for sid in self.sources[n].sample_ids()]

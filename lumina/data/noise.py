@@ -1,16 +1,23 @@
 """Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout.
 
-Every draw comes from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream),
-so a sample's noisy version is the same in every process and on every resume.
+Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream), so a
+sample's noisy version is the same in every process and on every resume. The CFG-dropout coins, which the
+epoch plan needs for every sample at every epoch start, are counter-based instead: coin = splitmix64(id hash
+^ key(seed, epoch, stream)) as a uniform in [0, 1), where the id hash is FNV-1a-64 of the id's UTF-8 bytes
+(then splitmix64). One numba kernel draws them for one sample (the layout) or for all (the plan).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numba
+import numpy as np
+import pyarrow as pa
 import torch
 
 
@@ -54,11 +61,95 @@ def sample_generator(seed: int, epoch: int, sample_id: str, stream: str) -> torc
     return gen
 
 
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _mix64(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_strings(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = mix64(FNV-1a-64 of data[offsets[i]:offsets[i + 1]])."""
+    for i in range(out.size):
+        h = _FNV_OFFSET
+        for b in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(data[b])) * _FNV_PRIME
+        out[i] = _mix64(h)
+
+
+def id_hashes(ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> np.ndarray:
+    """[N] uint64 hashes of sample ids (Arrow strings or Python str), the key of a sample's CFG-dropout coins;
+    computed from Arrow's buffers without a Python object per id."""
+    if not isinstance(ids, pa.Array | pa.ChunkedArray):
+        ids = pa.array(ids, pa.large_string())
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    out = np.empty(len(ids), np.uint64)
+    start = 0
+    for chunk in chunks:
+        chunk = chunk.cast(pa.large_string())
+        if chunk.null_count:
+            raise ValueError(f"sample ids hold {chunk.null_count} nulls")
+        _, offsets, data = chunk.buffers()
+        offsets = np.frombuffer(offsets, np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+        data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        _hash_strings(offsets, data, out[start:start + len(chunk)])
+        start += len(chunk)
+    return out
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _variant(h: np.uint64, text_key: np.uint64, image_key: np.uint64, text_prob: float,
+             image_prob: float) -> int:
+    """The stored length variant (drop_text + 2 * drop_image) of the sample with id hash h."""
+    scale = 1.0 / 9007199254740992.0  # 2 ** -53: the top 53 bits as a uniform in [0, 1)
+    drop_text = float(_mix64(h ^ text_key) >> np.uint64(11)) * scale < text_prob
+    drop_image = float(_mix64(h ^ image_key) >> np.uint64(11)) * scale < image_prob
+    return int(drop_text) + 2 * int(drop_image)
+
+
+@numba.njit(cache=True, nogil=True)
+def _variants(hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64, text_prob: float,
+              image_prob: float) -> np.ndarray:
+    out = np.empty(hashes.size, np.uint8)
+    for i in range(hashes.size):
+        out[i] = _variant(hashes[i], text_key, image_key, text_prob, image_prob)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _pick_lengths(stored: np.ndarray, hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64,
+                  text_prob: float, image_prob: float) -> np.ndarray:
+    out = np.empty(hashes.size, np.int32)
+    for i in range(hashes.size):
+        out[i] = stored[i, _variant(hashes[i], text_key, image_key, text_prob, image_prob)]
+    return out
+
+
+def _coin_keys(seed: int, epoch: int) -> tuple[np.uint64, np.uint64]:
+    return np.uint64(stable_seed(seed, epoch, "cfg-text")), np.uint64(stable_seed(seed, epoch, "cfg-image"))
+
+
 def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tuple[bool, bool]:
     """(drop_text, drop_image), two independent Bernoulli draws. The layout applies them only where they
     mean something: drop_text to image-answer samples, drop_image to those whose prompt holds media."""
-    u = torch.rand(2, generator=sample_generator(seed, epoch, sample_id, "cfg"), dtype=torch.float64)
-    return bool(u[0] < cfg.uncond_text_prob), bool(u[1] < cfg.uncond_image_prob)
+    variant = int(_variants(id_hashes([sample_id]), *_coin_keys(seed, epoch), cfg.uncond_text_prob,
+                            cfg.uncond_image_prob)[0])
+    return bool(variant & 1), bool(variant & 2)
+
+
+def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, seed: int, epoch: int) -> np.ndarray:
+    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) and id hashes [N] -> [N] int32 each
+    sample's length under the CFG-dropout decision `cfg_dropout(seed, epoch, id)` the layout takes (int32,
+    not the table's narrow type, so sums and Python arithmetic on them do not wrap)."""
+    if stored.ndim != 2 or stored.shape != (hashes.size, 4):
+        raise ValueError(f"stored lengths have shape {list(stored.shape)}, expected [{hashes.size}, 4]")
+    return _pick_lengths(np.ascontiguousarray(stored), hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob,
+                         cfg.uncond_image_prob)
 
 
 def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator,

@@ -4,7 +4,11 @@ and the global pack cursor that makes a resume exact.
 Plan of epoch e: best fit over that epoch's laid-out lengths (its placement order drawn, or the ties of the
 longest-first order broken, by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG
 seeded by (seed, e). Every process computes the same plan from the same lengths, so nothing but
-(epoch, cursor) needs saving.
+(epoch, cursor) needs saving. Each rank computes it rather than receiving it: it is a pure function of data
+every rank already holds, a compiled pass over flat arrays (100M samples in well under a minute,
+`experiments/bench/data.py`), while a broadcast would ship ~5 bytes per sample through the process group
+at every epoch start and a plan file beside the checkpoint would be one more thing to go stale. A saved
+state records `PLAN_VERSION`; a resume under another version stops instead of training other packs.
 
 Dealing: the cursor counts packs of the plan already handed out (all ranks together). At each step rank r
 of W trains pack `cursor + r` and the cursor moves by W. A rank whose slot lies past the end gets an
@@ -28,15 +32,18 @@ from lumina.data.packing import OverlongPolicy, Packing, PackOrder, best_fit
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+PLAN_VERSION = 2  # 1: CFG-dropout coins from one torch.Generator per sample; 2: counter-based coins (noise.py)
+
+
+@dataclass(frozen=True, eq=False)
 class EpochPlan:
-    """packs[p] = sample indices of the p-th pack of the epoch (in training order); lengths[i] = laid-out
-    length of sample i this epoch."""
+    """The p-th pack of the epoch (training order) is `packing`'s pack order[p]; lengths[i] = laid-out length
+    of sample i this epoch. Flat arrays only: order int64 [num_packs], lengths [N] (the source's dtype)."""
 
     epoch: int
     packing: Packing
-    order: tuple[int, ...]  # order[p] = index into packing.packs of the p-th pack
-    lengths: tuple[int, ...]
+    order: np.ndarray
+    lengths: np.ndarray
 
     @property
     def seq_len(self) -> int:
@@ -47,7 +54,7 @@ class EpochPlan:
         return len(self.order)
 
     @property
-    def skipped(self) -> tuple[int, ...]:
+    def skipped(self) -> np.ndarray:
         return self.packing.skipped
 
     @property
@@ -56,7 +63,7 @@ class EpochPlan:
 
     def pack(self, p: int) -> tuple[int, ...]:
         """Sample indices of the p-th pack of the epoch."""
-        return self.packing.packs[self.order[p]]
+        return self.packing.pack(int(self.order[p]))
 
     def fingerprint(self) -> str:
         """A short digest of the plan (pack contents and order) to check a resume sees the same plan."""
@@ -65,19 +72,20 @@ class EpochPlan:
     @cached_property
     def _digest(self) -> str:
         h = hashlib.blake2b(digest_size=8)
-        h.update(f"{self.epoch}:{self.seq_len}:{len(self.lengths)}".encode())
-        for p in range(self.num_packs):
-            h.update(np.asarray(self.pack(p), dtype=np.int64).tobytes())
-            h.update(b"|")
+        h.update(f"v{PLAN_VERSION}:{self.epoch}:{self.seq_len}:{len(self.lengths)}".encode())
+        for array in (self.order, self.packing.offsets, self.packing.members):
+            h.update(np.ascontiguousarray(array).data)
         return h.hexdigest()
 
 
-def plan_epoch(lengths: Sequence[int], seq_len: int, seed: int, epoch: int, overlong: OverlongPolicy = "error",
-               sample_id: Callable[[int], str] | None = None, order: PackOrder = "shuffled") -> EpochPlan:
+def plan_epoch(lengths: np.ndarray | Sequence[int], seq_len: int, seed: int, epoch: int,
+               overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None,
+               order: PackOrder = "shuffled") -> EpochPlan:
     """The plan of `epoch` from that epoch's laid-out lengths (after its seeded CFG dropout)."""
+    lengths = np.asarray(lengths)
     packing = best_fit(lengths, seq_len, np.random.default_rng([seed, epoch, 0]), order, overlong, sample_id)
-    order = np.random.default_rng([seed, epoch, 1]).permutation(packing.num_packs)
-    return EpochPlan(epoch, packing, tuple(order.tolist()), tuple(int(n) for n in lengths))
+    pack_order = np.random.default_rng([seed, epoch, 1]).permutation(packing.num_packs)
+    return EpochPlan(epoch, packing, pack_order, lengths)
 
 
 def steps_left(num_packs: int, cursor: int, world_size: int) -> int:
@@ -139,7 +147,7 @@ class PackSchedule:
             plan = self._plan
             log.info("epoch %d: %d samples -> %d packs of %d tokens, fill ratio %.4f", epoch, len(plan.lengths),
                      plan.num_packs, self.seq_len, plan.fill_ratio)
-            if plan.skipped:
+            if plan.skipped.size:
                 log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch, len(plan.skipped),
                             self.seq_len)
         return self._plan
@@ -177,13 +185,18 @@ class PackSchedule:
         plan = self.plan()
         return {"epoch": self.epoch, "cursor": self.cursor, "world_size": self.world_size, "seed": self.seed,
                 "seq_len": self.seq_len, "pack_order": self.order, "num_packs": plan.num_packs,
-                "fingerprint": plan.fingerprint()}
+                "fingerprint": plan.fingerprint(), "plan_version": PLAN_VERSION}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at (epoch, cursor); applied now, and again by `begin(epoch)` if the trainer re-enters it."""
         missing = {"epoch", "cursor", "world_size", "seed", "seq_len", "fingerprint"} - set(state)
         if missing:
             raise ValueError(f"pack schedule state lacks {sorted(missing)}; got keys {sorted(state)}")
+        saved_version = state.get("plan_version", 1)  # states saved before versioning: version 1
+        if saved_version != PLAN_VERSION:
+            raise ValueError(f"resume state was planned with plan_version={saved_version}, this lumina plans with "
+                             f"plan_version={PLAN_VERSION} (other CFG-dropout coins, so other packs); resume it with "
+                             "the lumina that saved it, or start the run afresh")
         for key in ("seed", "seq_len"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"resume state has {key}={state[key]}, but the data config has "

@@ -17,7 +17,7 @@ import torch
 
 from lumina.data.layout import layout_eval, layout_sample
 from lumina.data.mixture import ConcatSampleDataset, EpochMix, MixturePlan
-from lumina.data.noise import NoiseConfig, cfg_dropout
+from lumina.data.noise import NoiseConfig, dropout_lengths
 from lumina.data.sequence import TrainingSequence
 from lumina.data.storage import SampleDataset
 
@@ -26,24 +26,17 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class PackSource(Protocol):
-    """What packing needs from a data source: sample count, per-epoch laid-out lengths (after that epoch's
-    seeded CFG dropout) and the laid-out sequence of one sample in one epoch. Must be picklable (workers)."""
+    """What packing needs from a data source: sample count, per-epoch laid-out lengths ([N] integers, after
+    that epoch's seeded CFG dropout) and the laid-out sequence of one sample in one epoch. Must be picklable
+    (workers)."""
 
     def __len__(self) -> int: ...
 
-    def lengths(self, epoch: int) -> Sequence[int]: ...
+    def lengths(self, epoch: int) -> np.ndarray: ...
 
     def sequence(self, index: int, epoch: int) -> TrainingSequence: ...
 
     def sample_id(self, index: int) -> str: ...
-
-
-def dropout_lengths(variants: np.ndarray, sample_ids: Sequence[str], noise: NoiseConfig, seed: int,
-                    epoch: int) -> list[int]:
-    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) -> each sample's length under the
-    CFG-dropout decision `cfg_dropout(seed, epoch, id)` that `layout_sample` will take."""
-    column = [int(dt) + 2 * int(di) for dt, di in (cfg_dropout(seed, epoch, sid, noise) for sid in sample_ids)]
-    return variants[np.arange(len(sample_ids)), column].tolist()
 
 
 class LayoutSource:
@@ -57,22 +50,22 @@ class LayoutSource:
         if eval_t is not None and not 0.0 <= eval_t <= 1.0:
             raise ValueError(f"eval_t={eval_t}: must lie in [0, 1]")
         self.dataset, self.noise, self.seed, self.eval_t = dataset, noise, seed, eval_t
-        self._ids = list(dataset.sample_ids())
-        self._variants = np.asarray(dataset.laid_out_lengths(), dtype=np.int64)  # [N, 4] keep/dt/di/both
-        if self._variants.shape != (len(self._ids), 4):
+        self._hashes = dataset.id_hashes()
+        self._variants = np.asarray(dataset.laid_out_lengths())  # [N, 4] keep/dt/di/both
+        if self._variants.shape != (len(self._hashes), 4):
             raise ValueError(f"laid_out_lengths() has shape {list(self._variants.shape)}, "
-                             f"expected [{len(self._ids)}, 4]")
+                             f"expected [{len(self._hashes)}, 4]")
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._hashes)
 
     def sample_id(self, index: int) -> str:
-        return self._ids[index]
+        return self.dataset.sample_id(index)
 
-    def lengths(self, epoch: int) -> list[int]:
+    def lengths(self, epoch: int) -> np.ndarray:
         if self.eval_t is not None:
-            return self._variants[:, 0].tolist()
-        return dropout_lengths(self._variants, self._ids, self.noise, self.seed, epoch)
+            return self._variants[:, 0].astype(np.int32)
+        return dropout_lengths(self._variants, self._hashes, self.noise, self.seed, epoch)
 
     def sequence(self, index: int, epoch: int) -> TrainingSequence:
         sample = self.dataset[index]
@@ -89,7 +82,7 @@ class MixtureSource:
     def __init__(self, mixture: MixturePlan, noise: NoiseConfig, seed: int) -> None:
         self.mixture, self.noise, self.seed = mixture, noise, seed
         self.tokens = ConcatSampleDataset(mixture.sources).tokens  # checks the sources agree
-        self._ids = {name: list(mixture.sources[name].sample_ids()) for name in mixture.names}
+        self._hashes = {name: mixture.sources[name].id_hashes() for name in mixture.names}
         self._mix: EpochMix | None = None
 
     def mix(self, epoch: int) -> EpochMix:
@@ -108,12 +101,12 @@ class MixtureSource:
     def sample_id(self, index: int) -> str:
         """Id of slot `index` in the most recently drawn epoch."""
         name, i = (self._mix or self.mix(0)).items[index]
-        return self._ids[name][i]
+        return self.mixture.sources[name].sample_id(i)
 
-    def lengths(self, epoch: int) -> list[int]:
+    def lengths(self, epoch: int) -> np.ndarray:
         mix = self.mix(epoch)
-        ids = [self._ids[name][i] for name, i in mix.items]
-        return dropout_lengths(self.mixture.lengths(mix), ids, self.noise, self.seed, epoch)
+        hashes = np.array([self._hashes[name][i] for name, i in mix.items], dtype=np.uint64)
+        return dropout_lengths(self.mixture.lengths(mix), hashes, self.noise, self.seed, epoch)
 
     def sequence(self, index: int, epoch: int) -> TrainingSequence:
         sample = self.mixture.sample(self.mix(epoch).items[index])

@@ -17,8 +17,10 @@ readers compare it with the settings they expect and refuse a mismatch (ids, cod
 "assets" (optional) records the text and visual tokenizers the shards were built with (`DatasetAssets`, paths
 relative to the shard's directory); every shard of a dataset must record the same ones.
 
-Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]`,
-`sample_ids() -> list[str]`, `tokens` (the SpecialTokens the lengths were computed with).
+Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]` (the
+narrowest unsigned integer type that holds them), `id_hashes() -> [N] uint64` (`noise.id_hashes`, the key of
+the CFG-dropout coins), `sample_id(i) -> str`, `sample_ids() -> list[str]` (small data sets: a Python object
+per sample), `tokens` (the SpecialTokens the lengths were computed with).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +41,8 @@ import pyarrow.parquet as pq
 import torch
 
 from lumina.data.assets import DatasetAssets
+from lumina.data.fs import DEFAULT_RETRY, Retry, filesystem, is_url, open_binary, with_retries
+from lumina.data.noise import id_hashes
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 
@@ -137,8 +143,12 @@ def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None
     return {METADATA_KEY: json.dumps(doc, sort_keys=True).encode()}
 
 
-def _metadata(path: str | Path) -> dict:
-    meta = pq.read_schema(path).metadata or {}
+def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
+    """The shard's b"lumina" document (from `schema` when given, else read from `path`)."""
+    if schema is None:
+        with open_binary(str(path)) as f:
+            schema = pq.read_schema(f)
+    meta = schema.metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")
     doc = json.loads(meta[METADATA_KEY])
@@ -148,15 +158,20 @@ def _metadata(path: str | Path) -> dict:
     return doc
 
 
-def read_settings(path: str | Path) -> SpecialTokens:
+def read_settings(path: str | Path, schema: pa.Schema | None = None) -> SpecialTokens:
     """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
-    return SpecialTokens(**_metadata(path)["special_tokens"])
+    return SpecialTokens(**_metadata(path, schema)["special_tokens"])
 
 
-def read_assets(path: str | Path) -> DatasetAssets:
+def read_assets(path: str | Path, schema: pa.Schema | None = None) -> DatasetAssets:
     """The tokenizers a shard records, paths resolved against its directory (empty when it records none)."""
-    doc = _metadata(path).get("assets")
-    return DatasetAssets() if doc is None else DatasetAssets.from_json(doc, str(path)).resolved_from(Path(path).parent)
+    doc = _metadata(path, schema).get("assets")
+    if doc is None:
+        return DatasetAssets()
+    if is_url(path):
+        raise ValueError(f"{path}: records tokenizer files beside the shard, which lumina reads from local disk "
+                         "only; keep shards that record tokenizers on a local or mounted file system")
+    return DatasetAssets.from_json(doc, str(path)).resolved_from(Path(path).parent)
 
 
 def settings_mismatch(found: SpecialTokens, expected: SpecialTokens) -> list[str]:
@@ -241,7 +256,20 @@ class SampleDataset(Protocol):
 
     def laid_out_lengths(self) -> np.ndarray: ...
 
+    def id_hashes(self) -> np.ndarray: ...
+
+    def sample_id(self, index: int) -> str: ...
+
     def sample_ids(self) -> list[str]: ...
+
+
+def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Non-negative laid-out lengths in the narrowest unsigned type that holds them (uint16 below 65,536
+    tokens): the [N, 4] table every epoch start reads, a quarter of int64's bytes."""
+    if lengths.size and lengths.min() < 0:
+        raise ValueError(f"laid-out lengths hold a negative value ({int(lengths.min())})")
+    top = int(lengths.max()) if lengths.size else 0
+    return lengths.astype(np.min_scalar_type(max(top, 255)), copy=False)
 
 
 def _index(index: int, n: int) -> int:
@@ -252,11 +280,15 @@ def _index(index: int, n: int) -> int:
     return int(index) % n
 
 
-def shard_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """A file, a directory (its *.parquet, sorted), or a list of either -> shard files."""
+def shard_paths(paths: str | Path | Sequence[str | Path], retry: Retry = DEFAULT_RETRY) -> list[str | Path]:
+    """A file, a directory (its *.parquet, sorted), or a list of either -> shard files. URLs (`s3://b/prefix`)
+    name an object or a prefix holding *.parquet objects and stay strings; local paths become Paths."""
     items = [paths] if isinstance(paths, str | Path) else list(paths)
-    out: list[Path] = []
+    out: list[str | Path] = []
     for item in items:
+        if is_url(item):
+            out += _remote_shards(str(item), retry)
+            continue
         p = Path(item)
         if p.is_dir():
             found = sorted(p.glob("*.parquet"))
@@ -272,46 +304,100 @@ def shard_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return out
 
 
+def _remote_shards(url: str, retry: Retry) -> list[str]:
+    fs, inner = filesystem(url)
+    protocol = url.split("://", 1)[0]
+    if with_retries(url, "listing", lambda: fs.isfile(inner), retry):
+        return [url]
+    found = sorted(with_retries(url, "listing", lambda: fs.glob(inner.rstrip("/") + "/*.parquet"), retry))
+    if not found:
+        raise FileNotFoundError(f"{url}: no such shard, and no *.parquet shards under it")
+    return [f"{protocol}://{key}" for key in found]
+
+
+@dataclass(frozen=True)
+class _ShardIndex:
+    """What a dataset keeps of one shard: its settings, tokenizers, footer and byte size (so a payload read
+    fetches only its column chunks), lengths [n, 4], ids."""
+
+    tokens: SpecialTokens
+    assets: DatasetAssets
+    metadata: pq.FileMetaData
+    size: int
+    lengths: np.ndarray
+    ids: pa.ChunkedArray
+
+
+def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
+    """One shard's footer and its id and length columns, in one open (retried as a whole)."""
+
+    def read() -> _ShardIndex:
+        with open_binary(str(path)) as f:
+            try:
+                file = pq.ParquetFile(f)
+            except pa.ArrowInvalid as exc:  # truncated or not Parquet: bad data, not a transient failure
+                raise ValueError(f"{path}: not a readable Parquet shard ({exc})") from exc
+            schema = file.schema_arrow
+            tokens, assets = read_settings(path, schema), read_assets(path, schema)
+            missing = [c for c in ("id", *LENGTH_COLUMNS) if c not in schema.names]
+            if missing:
+                raise ValueError(f"{path}: lacks the columns {missing}; not a lumina sample shard")
+            table = file.read(columns=["id", *LENGTH_COLUMNS])
+            size = f.seek(0, 2)
+        lengths = np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1) if table.num_rows else (
+            np.zeros((0, 4), np.int32))
+        if lengths.size and lengths.min() < 0:
+            row, col = (int(v) for v in np.argwhere(lengths < 0)[0])
+            raise ValueError(f"{path}: row {row} has {LENGTH_COLUMNS[col]}={int(lengths[row, col])}; laid-out lengths "
+                             "cannot be negative")
+        return _ShardIndex(tokens, assets, file.metadata, size, lengths, table.column("id"))
+
+    return with_retries(str(path), "reading the shard's footer and length columns", read, retry)
+
+
 class ParquetSampleDataset:
-    """Random access to Parquet sample shards. Lengths and ids are read eagerly from their own columns;
-    payloads are decoded per row group on demand (a small LRU cache of row groups).
+    """Random access to Parquet sample shards, local or on an object store (`lumina.data.fs`). Lengths and
+    ids are read eagerly from their own columns, every shard once, `readers` shards at a time; payloads are
+    fetched and decoded per row group on demand, at most `cache_row_groups` kept (an LRU per process, so
+    per DataLoader worker). Every store read is retried within `retry`, then fails naming the URL.
 
     tokens: the settings the caller expects; a shard written with other settings raises ValueError.
     assets: the tokenizers the shards record (`DatasetAssets`, paths resolved), the same in every shard."""
 
     def __init__(self, paths: str | Path | Sequence[str | Path], tokens: SpecialTokens | None = None,
-                 cache_row_groups: int = 16):
-        self.paths = shard_paths(paths)
-        found = read_settings(self.paths[0])
-        for path in self.paths:
-            stored = read_settings(path)
+                 cache_row_groups: int = 16, retry: Retry = DEFAULT_RETRY, readers: int = 16):
+        if cache_row_groups < 1:
+            raise ValueError(f"cache_row_groups={cache_row_groups}: must be >= 1")
+        self.paths = shard_paths(paths, retry)
+        self.retry = retry
+        with ThreadPoolExecutor(max_workers=max(1, min(readers, len(self.paths)))) as pool:
+            index = list(pool.map(lambda path: _read_index(path, retry), self.paths))
+        found = index[0].tokens
+        for path, shard in zip(self.paths, index, strict=True):
             for reference, what in ((found, f"shard {self.paths[0]}"), (tokens, "the expected settings")):
-                if reference is not None and stored != reference:
+                if reference is not None and shard.tokens != reference:
                     raise ValueError(f"{path}: special-token/codebook settings differ from {what}: "
-                                     + "; ".join(settings_mismatch(stored, reference)))
+                                     + "; ".join(settings_mismatch(shard.tokens, reference)))
         self.tokens = found
-        self.assets = read_assets(self.paths[0])
-        for path in self.paths[1:]:
-            stored = read_assets(path)
-            if not stored.same_as(self.assets):
-                raise ValueError(f"{path}: records other tokenizers than {self.paths[0]}: {stored.describe()} vs "
-                                 f"{self.assets.describe()}")
+        self.assets = index[0].assets
+        for path, shard in zip(self.paths[1:], index[1:], strict=True):
+            if not shard.assets.same_as(self.assets):
+                raise ValueError(f"{path}: records other tokenizers than {self.paths[0]}: "
+                                 f"{shard.assets.describe()} vs {self.assets.describe()}")
         self._groups: list[tuple[int, int, int]] = []  # (shard, row group, first global row)
         self._shard_starts: list[int] = []
-        lengths, ids = [], []
         start = 0
-        for s, path in enumerate(self.paths):
+        for s, shard in enumerate(index):
             self._shard_starts.append(start)
-            meta = pq.ParquetFile(path).metadata
-            for g in range(meta.num_row_groups):
+            for g in range(shard.metadata.num_row_groups):
                 self._groups.append((s, g, start))
-                start += meta.row_group(g).num_rows
-            table = pq.read_table(path, columns=["id", *LENGTH_COLUMNS])
-            lengths.append(np.stack([table.column(c).to_numpy() for c in LENGTH_COLUMNS], axis=1))
-            ids += table.column("id").to_pylist()
+                start += shard.metadata.row_group(g).num_rows
+        self._footers = [(shard.metadata, shard.size) for shard in index]
         self._starts = np.array([g[2] for g in self._groups], dtype=np.int64)
-        self._lengths = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros((0, 4), np.int64)
-        self._ids = ids
+        self._lengths = narrow_lengths(np.concatenate([shard.lengths for shard in index]))
+        chunks = [c.cast(pa.large_string()) for shard in index for c in shard.ids.chunks]  # 64-bit offsets
+        self._ids = pa.chunked_array(chunks, pa.large_string()).combine_chunks()
+        self._hashes = id_hashes(self._ids)
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cache_size = cache_row_groups
 
@@ -324,18 +410,33 @@ class ParquetSampleDataset:
         return len(self._ids)
 
     def laid_out_lengths(self) -> np.ndarray:
-        """[N, 4] int64 laid-out lengths in LENGTH_COLUMNS order (keep, drop_text, drop_image, drop_both)."""
+        """[N, 4] laid-out lengths in LENGTH_COLUMNS order (keep, drop_text, drop_image, drop_both)."""
         return self._lengths
 
+    def id_hashes(self) -> np.ndarray:
+        return self._hashes
+
+    def sample_id(self, index: int) -> str:
+        return self._ids[_index(index, len(self))].as_py()
+
     def sample_ids(self) -> list[str]:
-        return list(self._ids)
+        return self._ids.to_pylist()
 
     def _row_group(self, g: int) -> pa.Table:
         if g in self._cache:
             self._cache.move_to_end(g)
             return self._cache[g]
         shard, group, _ = self._groups[g]
-        table = pq.ParquetFile(self.paths[shard]).read_row_group(group, columns=["id", "source", "turns"])
+        path = str(self.paths[shard])
+
+        footer, size = self._footers[shard]
+
+        def read() -> pa.Table:  # the known footer and size; the three column chunks in one coalesced read
+            with open_binary(path, size) as f:
+                file = pq.ParquetFile(f, metadata=footer, pre_buffer=True)
+                return file.read_row_group(group, columns=["id", "source", "turns"])
+
+        table = with_retries(path, f"reading row group {group}", read, self.retry)
         self._cache[g] = table
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -366,7 +467,9 @@ class InMemorySampleDataset:
         self.samples = list(samples)
         self.tokens = tokens
         self.length_fn = length_fn
-        self._lengths = np.array([sample_lengths(s, length_fn) for s in self.samples], dtype=np.int64).reshape(-1, 4)
+        self._lengths = narrow_lengths(np.array([sample_lengths(s, length_fn) for s in self.samples],
+                                                dtype=np.int64).reshape(-1, 4))
+        self._hashes = id_hashes([s.id for s in self.samples])
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -376,6 +479,12 @@ class InMemorySampleDataset:
 
     def laid_out_lengths(self) -> np.ndarray:
         return self._lengths
+
+    def id_hashes(self) -> np.ndarray:
+        return self._hashes
+
+    def sample_id(self, index: int) -> str:
+        return self.samples[_index(index, len(self))].id
 
     def sample_ids(self) -> list[str]:
         return [s.id for s in self.samples]

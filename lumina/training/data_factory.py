@@ -82,20 +82,32 @@ def world_datasets(options: dict[str, Any], index: int = 0):
     return train.dataset, val.dataset
 
 
+PARQUET_OPTIONS = ("val_path", "cache_row_groups", "read_attempts")
+
+
 def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens | None, index: int = 0):
+    """Train (and held-out) Parquet datasets; a path is local or a fsspec URL (`s3://bucket/prefix`, the
+    store's endpoint and credentials from the environment). options: val_path, cache_row_groups (row groups
+    a process keeps decoded, default 16), read_attempts (tries of a store read before the step fails, 4)."""
+    from lumina.data.fs import Retry, is_url
     from lumina.data.storage import ParquetSampleDataset
 
-    unknown = sorted(set(options) - {"val_path"})
+    unknown = sorted(set(options) - set(PARQUET_OPTIONS))
     if unknown:
         raise ConfigError(f"data.sources[{index}].options.{unknown[0]}: unknown option of a Parquet source "
-                          "(expected val_path)")
+                          f"(expected one of {PARQUET_OPTIONS})")
     path, options = root_splits(path, options, index)
     for name, value in (("path", path), ("options.val_path", options.get("val_path"))):
-        if value is not None and not Path(value).exists():
+        if value is not None and not is_url(value) and not Path(value).exists():
             raise ConfigError(f"data.sources[{index}].{name}={value!r}: no such file or directory")
-    train = ParquetSampleDataset(path, tokens=expected)
+    try:
+        reading = dict(cache_row_groups=int(options.get("cache_row_groups", 16)),
+                       retry=Retry(attempts=int(options.get("read_attempts", 4))))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"data.sources[{index}].options.cache_row_groups / read_attempts: {exc}") from exc
+    train = ParquetSampleDataset(path, tokens=expected, **reading)
     val_path = options.get("val_path")
-    val = ParquetSampleDataset(val_path, tokens=train.tokens) if val_path is not None else None
+    val = ParquetSampleDataset(val_path, tokens=train.tokens, **reading) if val_path is not None else None
     return train, val
 
 

@@ -118,6 +118,10 @@ def test_one_source_is_not_a_mixture(tmp_path):
     (lambda c: c["sources"][1].update(name="a"), r"data.sources names \['a', 'a'\]: must be unique"),
     (lambda c: c.update(sources=[]), "data.sources is empty"),
     (lambda c: c["sources"][1].update(path="/nonexistent"), r"data.sources\[1\].path='/nonexistent'"),
+    (lambda c: c["sources"][0]["options"].update(cache=3),
+     r"data.sources\[0\].options.cache: unknown option .*'cache_row_groups', 'read_attempts'"),
+    (lambda c: c["sources"][0]["options"].update(read_attempts=0),
+     r"data.sources\[0\].options.cache_row_groups / read_attempts: retry attempts=0: must be >= 1"),
 ])
 def test_bad_source_lists_raise(tmp_path, change, pattern):
     cfg = data_config(tmp_path)
@@ -129,3 +133,11 @@ def test_bad_source_lists_raise(tmp_path, change, pattern):
 def test_samples_per_epoch_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="DataConfig.samples_per_epoch=0"):
         build_datamodule(data_config(tmp_path, samples_per_epoch=0), LuminaConfig.tiny())
+
+
+def test_parquet_reading_options_reach_the_dataset(tmp_path):
+    cfg = data_config(tmp_path)
+    cfg["sources"] = cfg["sources"][:1]
+    cfg["sources"][0]["options"].update(cache_row_groups=2, read_attempts=7)
+    dataset = build_datamodule(cfg, LuminaConfig.tiny()).train_source.dataset
+    assert dataset._cache_size == 2 and dataset.retry.attempts == 7

@@ -142,7 +142,7 @@ def test_layout_source_lengths_match_layout() -> None:
     src = LayoutSource(dataset, noise, seed=3)
     per_epoch = []
     for epoch in range(4):
-        lengths = src.lengths(epoch)
+        lengths = src.lengths(epoch).tolist()
         assert lengths == [len(layout_sample(dataset[i], tokens, noise, 3, epoch)) for i in range(len(src))]
         per_epoch.append(lengths)
         for i in range(len(src)):
@@ -160,7 +160,7 @@ def test_layout_source_eval_fixed_noise() -> None:
     dataset = InMemorySampleDataset(real_samples(tokens), tokens)
     noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
     src = LayoutSource(dataset, noise, seed=3, eval_t=0.5)
-    assert src.lengths(0) == src.lengths(7) == dataset.laid_out_lengths()[:, 0].tolist()
+    assert src.lengths(0).tolist() == src.lengths(7).tolist() == dataset.laid_out_lengths()[:, 0].tolist()
     for i in range(len(src)):
         a, b = src.sequence(i, 0), src.sequence(i, 9)
         want = layout_eval(dataset[i], tokens, noise, 3, 0.5)
@@ -180,10 +180,33 @@ def test_mixture_source_lengths_match_layout() -> None:
     for epoch in range(3):
         items = mixture.epoch(epoch).items
         want = [len(layout_sample(mixture.sample(item), tokens, noise, 3, epoch)) for item in items]
-        assert src.lengths(epoch) == want
+        assert src.lengths(epoch).tolist() == want
         assert [src.sample_id(j) for j in range(10)] == [mixture.sample(item).id for item in items]
         dm = LuminaDataModule(DataConfig(seq_len=256), src)
         dm.sampler.set_epoch(epoch)
         batches = list(dm.train_dataloader())
         assert sum(int(x.token_valid.sum()) for x in batches) == sum(want)
         assert sum(len(x.seg_bounds) - 1 for x in batches) == 10
+
+
+def test_pin_memory_follows_the_trainers_device() -> None:
+    """null: pinned only under a CUDA trainer (this CPU trainer: not); an explicit value wins."""
+    dm = make_dm(0)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        use_distributed_sampler=False)
+    dm.trainer = trainer
+    assert dm.train_dataloader().pin_memory is False
+    assert make_dm(0, pin_memory=True).train_dataloader().pin_memory is True
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_batches_copy_to_the_gpu_unchanged() -> None:
+    plain, pinned = list(make_dm(0).train_dataloader()), list(make_dm(2, pin_memory=True).train_dataloader())
+    assert len(plain) == len(pinned)
+    for a, b in zip(plain, pinned, strict=True):
+        assert b.input_ids.is_pinned() and b.token_valid.is_pinned() and b.cu_seqlens.is_pinned()
+        moved = b.to("cuda")
+        torch.cuda.synchronize()
+        assert moved.input_ids.is_cuda and torch.equal(moved.input_ids.cpu(), a.input_ids)
+        assert torch.equal(moved.labels.cpu(), a.labels) and moved.seg_bounds == a.seg_bounds

@@ -3,12 +3,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
 from lumina.data.noise import (
     NoiseConfig,
     cfg_dropout,
+    dropout_lengths,
+    id_hashes,
     image_answer_noise,
     image_mask_count,
     sample_generator,
@@ -141,3 +145,26 @@ def test_cfg_dropout_is_reproducible_per_epoch_and_sample():
 def test_bad_noise_config_raises(kwargs, field):
     with pytest.raises(ValueError, match=field):
         NoiseConfig(**kwargs)
+
+
+def test_id_hashes_do_not_depend_on_the_id_container():
+    ids = [f"sample-{i}" for i in range(50)] + ["", "ünïcode-ß", "x" * 300]
+    want = id_hashes(ids)
+    assert want.dtype == np.uint64 and len(set(want.tolist())) == len(ids)
+    chunked = pa.chunked_array([pa.array(["pad"] + ids[:20]), pa.array(ids[20:])]).slice(1)
+    assert id_hashes(chunked).tolist() == want.tolist()
+    assert id_hashes(pa.array(ids, pa.string())).tolist() == want.tolist()
+    assert id_hashes(pa.array(ids, pa.large_string())[5:]).tolist() == want[5:].tolist()
+
+
+def test_dropout_lengths_take_the_layouts_coins():
+    """The vectorised epoch-start path picks, for every sample, the variant cfg_dropout gives the layout."""
+    cfg = NoiseConfig(uncond_text_prob=0.3, uncond_image_prob=0.6)
+    ids = [f"s{i}" for i in range(300)]
+    stored = np.arange(1200, dtype=np.uint16).reshape(300, 4)  # variant v of sample i: 4 i + v
+    for epoch in (0, 5):
+        got = dropout_lengths(stored, id_hashes(ids), cfg, 11, epoch)
+        want = [4 * i + dt + 2 * di for i, (dt, di) in enumerate(cfg_dropout(11, epoch, s, cfg) for s in ids)]
+        assert got.dtype == np.int32 and got.tolist() == want
+    with pytest.raises(ValueError, match=r"shape \[300, 3\], expected \[300, 4\]"):
+        dropout_lengths(stored[:, :3], id_hashes(ids), cfg, 11, 0)

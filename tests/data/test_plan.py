@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
+import numpy as np
 import pytest
 
 from lumina.data.dataset import keys_for
-from lumina.data.plan import PackSchedule, deal, padding_packs, plan_epoch, steps_left
+from lumina.data.plan import PLAN_VERSION, PackSchedule, deal, padding_packs, plan_epoch, steps_left
 from lumina.data.sources import SyntheticSource
 
 BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8, 14, 2, 3, 4, 13, 5, 6]
@@ -134,5 +136,35 @@ def test_pack_order_changes_the_plan_not_the_samples() -> None:
     assert shuffled.fingerprint() != longest.fingerprint()
     for plan in (shuffled, longest):
         assert sorted(i for p in range(plan.num_packs) for i in plan.pack(p)) == list(range(len(BASE)))
-    first = longest.packing.packs[0]  # longest first: the first pack opens with the longest sample
+    first = longest.packing.pack(0)  # longest first: the first pack opens with the longest sample
     assert longest.lengths[first[0]] == max(longest.lengths)
+
+
+def test_resume_from_another_plan_version_names_it() -> None:
+    """A state saved before the counter-based CFG coins (no plan_version) or by another version stops."""
+    s = make_schedule(1)
+    s.begin(0)
+    state = s.state_dict()
+    assert state["plan_version"] == PLAN_VERSION
+    old = {k: v for k, v in state.items() if k != "plan_version"}
+    with pytest.raises(ValueError, match=f"plan_version=1, this lumina plans with plan_version={PLAN_VERSION}"):
+        make_schedule(1).load_state_dict(old)
+    with pytest.raises(ValueError, match=r"plan_version=99\b"):
+        make_schedule(1).load_state_dict({**state, "plan_version": 99})
+    make_schedule(1).load_state_dict(state)  # the same version resumes
+
+
+def test_plan_is_flat_arrays_and_fingerprint_sees_every_pack() -> None:
+    lengths = np.random.default_rng(0).integers(1, 17, 500)
+    plan = plan_epoch(lengths, 16, 7, 0)
+    assert isinstance(plan.packing.members, np.ndarray) and isinstance(plan.order, np.ndarray)
+    members = plan.packing.members.copy()
+    p = int(np.flatnonzero(np.diff(plan.packing.offsets) >= 2)[0])
+    a, b = plan.packing.offsets[p], plan.packing.offsets[p + 1] - 1  # swap the ends of one pack: same samples
+    members[[a, b]] = members[[b, a]]
+    assert members[a] != members[b]
+    other = dataclasses.replace(plan, packing=dataclasses.replace(plan.packing, members=members))
+    assert other.fingerprint() != plan.fingerprint()
+    swapped = plan.order.copy()
+    swapped[[0, -1]] = swapped[[-1, 0]]
+    assert dataclasses.replace(plan, order=swapped).fingerprint() != plan.fingerprint()

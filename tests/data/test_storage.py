@@ -121,3 +121,32 @@ def test_corrupt_stored_codes_name_the_shard_and_row(tmp_path, tokens):
     ds[0]
     with pytest.raises(ValueError, match=r"shard-00000.parquet row 1: turns\[1\].parts\[0\] has 159 code values"):
         ds[1]
+
+
+def test_negative_stored_length_names_the_shard_and_row(tmp_path, tokens):
+    import pyarrow as pa
+
+    write_samples(mixed_samples(), tmp_path, tokens, fake_length)
+    path = tmp_path / "shard-00000.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[2]["len_drop_image"] = -5
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    with pytest.raises(ValueError, match=r"shard-00000.parquet: row 2 has len_drop_image=-5"):
+        ParquetSampleDataset(path, tokens)
+
+
+def test_lengths_are_held_narrow_and_planned_wide(tmp_path, tokens):
+    """The [N, 4] table in uint16 (lengths below 65,536), the per-epoch lengths in int32 (sums cannot wrap)."""
+    from lumina.data.noise import NoiseConfig, cfg_dropout
+    from lumina.data.sources import LayoutSource
+
+    write_samples(mixed_samples(), tmp_path, tokens, fake_length)
+    ds = ParquetSampleDataset(tmp_path, tokens)
+    assert ds.laid_out_lengths().dtype == np.uint16 and ds.id_hashes().dtype == np.uint64
+    assert [ds.sample_id(i) for i in range(3)] == ds.sample_ids()
+    noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
+    lengths = LayoutSource(ds, noise, seed=0).lengths(0)
+    coins = [cfg_dropout(0, 0, sid, noise) for sid in ds.sample_ids()]
+    assert lengths.dtype == np.int32
+    assert lengths.tolist() == [int(ds.laid_out_lengths()[i, dt + 2 * di]) for i, (dt, di) in enumerate(coins)]
