@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from lumina.data.fs import is_file, read_bytes
+from lumina.data.fs import read_bytes
 
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -58,9 +58,10 @@ def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
     """An image file -> uint8 [H, W, 3], H and W multiples of prep.patch (module docstring); raises PixelError
     naming the file. `path` may be a URL (`lumina.data.fs`: read whole, with the store's retries; a store still
     failing raises StoreError)."""
-    if not is_file(path):
-        raise PixelError(f"image file {path} does not exist")
-    data = read_bytes(path)
+    try:
+        data = read_bytes(path)
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise PixelError(f"image file {path} does not exist") from exc
     try:
         with Image.open(io.BytesIO(data)) as opened:
             if opened.format not in FORMATS:
