@@ -3,7 +3,8 @@ and the packed loader's throughput from local disk and from a loopback S3 store 
 consumes.
 
     python experiments/bench/data.py [--sizes 1e6 1e7 1e8] [--before-max 1e6] [--seq-len 16384]
-        [--world-samples 4000] [--packs 40] [--repeats 3] [--sections start fill loader train]
+        [--mixture-samples 1e6] [--world-samples 4000] [--packs 40] [--repeats 3]
+        [--sections start mixture fill loader train]
 
 Epoch start: synthetic, seeded log-normal laid-out lengths (median 512, sigma 1, clipped to 16-8,192) with four
 CFG variants per sample, at seq_len 16,384. "now": `noise.dropout_lengths` (counter-based coins over the id
@@ -39,6 +40,25 @@ at load average 14-15 gave 34.9 s at 100M; the Fenwick-tree kernel before the bi
 29-72 ns per id once at dataset load. At 1B samples (extrapolated, linear): now ~4 min and ~31 GiB per rank
 (16 bytes per sample of inputs: the uint16 length table and the id hash); before ~6.4 h (at 23 us/sample)
 and ~100 GiB (~100 bytes per sample of Python objects).
+
+Mixture epoch start (`--sections mixture`): N slots drawn over 3 sources of 0.4 N, 0.3 N and 0.05 N samples
+(weights 0.5 / 0.3 / 0.2, so the small source is cycled 4x), then dropout + plan + fingerprint, seq_len 16,384.
+"before": the draw as (source, index) Python tuples per slot and the lengths / hashes gathered item by item,
+as lumina did until this change; "now": `MixturePlan.epoch` in arrays (uint8 source, int64 index) and the
+compiled per-source row gather. Same draws, so the same plan (fingerprints equal). Medians of 3 runs at 1M
+(one run at 10M), load average 7-11:
+
+| slots | path | draw + gather s | dropout s | plan s | total s | inputs MiB | peak MiB | packs |
+|---|---|---|---|---|---|---|---|---|
+| 1M | before | 2.12 | 0.01 | 0.13 | 2.29 | 390 | 832 | 48,173 |
+| 1M | now | **0.14** | 0.01 | 0.14 | **0.29** | 390 | 438 | 48,173 |
+| 10M | before | 18.40 | 0.04 | 1.54 | 20.04 | 520 | 4,872 | 482,533 |
+| 10M | now | **2.68** | 0.06 | 1.97 | **4.77** | 520 | 930 | 482,533 |
+
+The draw itself keeps torch's multinomial and per-source randperm (they define which samples an epoch gets,
+and so checkpoints); the Python tuples, ints and lists it no longer builds cost ~410 bytes of peak memory per
+slot (394 MiB at 1M, 3.9 GiB at 10M; at 100M slots ~39 GiB per rank before, ~1 GiB now: 9 bytes per slot
+plus the lengths and hashes gathered).
 
 Fill (sample tokens / pack tokens; shuffled best fit is the default):
 
@@ -205,6 +225,109 @@ def epoch_start_section(sizes: list[int], before_max: int, seq_len: int) -> None
                   f"{r['packs']:,} | {r['fill']:.4f} | {same} |", flush=True)
 
 
+# ---- mixture epoch start ----
+MIX_SIZES = {"web": 0.4, "sft": 0.3, "small": 0.05}  # source sizes as fractions of the epoch's samples
+MIX_WEIGHTS = {"web": 0.5, "sft": 0.3, "small": 0.2}
+
+
+class ArraySource:
+    """A source as the mixture sees one: stored lengths [n, 4] uint16 and id hashes, no payloads."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        from lumina.data.special_tokens import SpecialTokens
+
+        self.tokens = SpecialTokens.official()
+        self._lengths = synthetic_variants(n, seed)
+        self._hashes = np.random.default_rng(seed + 100).integers(0, 2**63, n).astype(np.uint64)
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def laid_out_lengths(self) -> np.ndarray:
+        return self._lengths
+
+    def id_hashes(self) -> np.ndarray:
+        return self._hashes
+
+
+def mixture_draw_before(mixture, epoch: int) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """MixturePlan.epoch + MixtureSource's lookups as they were: (source, index) Python tuples per slot, then
+    the stored lengths and id hashes gathered item by item -> (lengths [n, 4] int64, hashes [n])."""
+    import math
+
+    import torch
+
+    from lumina.data.mixture import _seed
+
+    gen = torch.Generator().manual_seed(_seed("mixture", mixture.seed, epoch))
+    probs = torch.tensor([mixture.weights[n] for n in mixture.names], dtype=torch.float64)
+    choice = torch.multinomial(probs, mixture.samples_per_epoch, replacement=True, generator=gen)
+    counts = torch.bincount(choice, minlength=len(mixture.names)).tolist()
+    picks = []
+    for name, count in zip(mixture.names, counts, strict=True):
+        size = len(mixture.sources[name])
+        source_gen = torch.Generator().manual_seed(_seed("mixture-index", mixture.seed, epoch, name))
+        rounds = [torch.randperm(size, generator=source_gen) for _ in range(math.ceil(count / size))] if count else []
+        picks.append(torch.cat(rounds)[:count].tolist() if rounds else [])
+    cursor = [0] * len(mixture.names)
+    items = []
+    for k in choice.tolist():
+        items.append((mixture.names[k], picks[k][cursor[k]]))
+        cursor[k] += 1
+    table = {name: mixture.sources[name].laid_out_lengths() for name in mixture.names}
+    hashes = {name: mixture.sources[name].id_hashes() for name in mixture.names}
+    lengths = np.stack([table[name][index] for name, index in items]).astype(np.int64)
+    return lengths, np.array([hashes[name][i] for name, i in items], dtype=np.uint64)
+
+
+def start_mixture(path: str, n: int, seq_len: int) -> dict:
+    from lumina.data.mixture import MixturePlan
+    from lumina.data.noise import NoiseConfig, dropout_lengths
+    from lumina.data.plan import plan_epoch
+
+    sources = {name: ArraySource(int(f * n), seed) for seed, (name, f) in enumerate(MIX_SIZES.items())}
+    mixture = MixturePlan(sources, MIX_WEIGHTS, seed=0, samples_per_epoch=n)
+    hashes_of = {name: s.id_hashes() for name, s in sources.items()}
+    plan_epoch(sources["web"].laid_out_lengths()[:1000, 0], seq_len, 0, 0)  # numba kernels loaded untimed,
+    for dtype in (np.uint16, np.int64):  # the dropout kernel for either path's table type too
+        dropout_lengths(synthetic_variants(10, dtype=dtype), np.zeros(10, np.uint64), NoiseConfig(), 0, 0)
+    inputs = rss_mib()
+    t0 = time.perf_counter()
+    if path == "mix-before":
+        stored, hashes = mixture_draw_before(mixture, 0)
+    else:
+        mix = mixture.epoch(0)
+        stored, hashes = mixture.lengths(mix), mixture.gather(mix, hashes_of)
+    t1 = time.perf_counter()
+    lengths = dropout_lengths(stored, hashes, NoiseConfig(), 0, 0)
+    t2 = time.perf_counter()
+    plan = plan_epoch(lengths, seq_len, 0, 0)
+    t3 = time.perf_counter()
+    digest = plan.fingerprint()
+    return {"draw_s": t1 - t0, "dropout_s": t2 - t1, "plan_s": t3 - t2, "total_s": time.perf_counter() - t0,
+            "inputs_mib": inputs, "peak_mib": rss_mib(), "packs": plan.num_packs, "fingerprint": digest}
+
+
+def mixture_section(n: int, seq_len: int) -> None:
+    shares = ", ".join(f"{k} {int(f * n):,} samples weight {MIX_WEIGHTS[k]}" for k, f in MIX_SIZES.items())
+    print(f"\nMixture epoch start: {n:,} slots over 3 sources ({shares}), seq_len {seq_len}; "
+          "fresh process each\n")
+    print("| path | draw + gather s | dropout s | plan s | total s | inputs MiB | peak MiB | packs | same plan |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    found = {}
+    for path in ("mix-before", "mix-now"):
+        out = subprocess.run([sys.executable, __file__, "--child", path, str(n), str(seq_len)], capture_output=True,
+                             text=True, timeout=7200, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if out.returncode:
+            print(out.stderr[-2000:])
+            continue
+        r = found[path] = json.loads(out.stdout.strip().splitlines()[-1])
+        same = "" if path == "mix-before" else {True: "yes", False: "NO"}[
+            r["fingerprint"] == found.get("mix-before", {}).get("fingerprint")]
+        print(f"| {path.removeprefix('mix-')} | {r['draw_s']:.2f} | {r['dropout_s']:.2f} | {r['plan_s']:.2f} | "
+              f"{r['total_s']:.2f} | {r['inputs_mib']:.0f} | {r['peak_mib']:.0f} | {r['packs']:,} | {same} |", flush=True)
+
+
 # ---- fill ratio ----
 def naive_fill(lengths: list[int], seq_len: int) -> float:
     kept = [n for n in lengths if n <= seq_len]
@@ -353,15 +476,21 @@ def main() -> None:
     parser.add_argument("--packs", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--train-steps", type=int, default=6)
-    parser.add_argument("--sections", nargs="+", default=["start", "fill", "loader", "train"])
+    parser.add_argument("--mixture-samples", type=float, default=1e6)
+    parser.add_argument("--sections", nargs="+", default=["start", "mixture", "fill", "loader", "train"])
     parser.add_argument("--child", nargs=3, metavar=("PATH", "N", "SEQ_LEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         path, n, seq_len = args.child[0], int(args.child[1]), int(args.child[2])
-        print(json.dumps((start_now if path == "now" else start_before)(n, seq_len)))
+        if path.startswith("mix-"):
+            print(json.dumps(start_mixture(path, n, seq_len)))
+        else:
+            print(json.dumps((start_now if path == "now" else start_before)(n, seq_len)))
         return
     if "start" in args.sections:
         epoch_start_section([int(n) for n in args.sizes], int(args.before_max), args.seq_len)
+    if "mixture" in args.sections:
+        mixture_section(int(args.mixture_samples), args.seq_len)
     if "fill" in args.sections:
         fill_section(args.world_samples)
     if "loader" in args.sections:

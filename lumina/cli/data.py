@@ -25,8 +25,9 @@ image size; AToken's is 1024) and each side centre-cropped to a multiple of the 
 atoken` drives the official AToken (options --atoken-config / --atoken-model / --atoken-package, else
 $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; --device, default CUDA). `fit-tokenizer` fits the built-in
 residual-VQ tokenizer on image files and reports its held-out PSNR; `world` writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
-row counts, settings, recorded tokenizers and length statistics. Bad input ends the process with one line on
-stderr and exit status 2.
+row counts, settings, recorded tokenizers and length statistics. Manifests and their parts may be URLs
+(`s3://bucket/prefix/train.jsonl`; `lumina.data.fs`). Bad input ends the process with one line on stderr and
+exit status 2; a store still failing after its retries, with one line naming the URL and status 1.
 """
 
 from __future__ import annotations
@@ -279,12 +280,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lumina.data.fs import StoreError
+
     args = parser().parse_args(argv)
     try:
         code = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, FileNotFoundError, KeyError, StoreError) as exc:
         print(f"lumina-data {args.command}: error: {' | '.join(str(exc).splitlines())}", file=sys.stderr)
-        code = 2
+        code = 1 if isinstance(exc, StoreError) else 2
     if argv is None:
         sys.exit(code)
     return code

@@ -17,6 +17,11 @@ line number):
           {"kind": "video", "files": ["f0.png", ...]}    a video as its frame files, in order
         ]}]}
 
+Manifests and their file parts may sit on an object store: a manifest given as an fsspec URL
+(`s3://bucket/prefix/train.jsonl`) is streamed, and its relative parts resolve against its prefix; a part may
+also be a URL itself. They are read through `lumina.data.fs` with its bounded retries; a store that stays
+down stops the build with a StoreError naming the URL (never a skipped row).
+
 Image and video files need a visual tokenizer (`pixels=PixelEncoder(tokenizer, ...)`, CLI `--image-tokenizer
 builtin|atoken|DIR`): they are read as `lumina.data.pixels` describes (RGB, long edge resized to --max-edge,
 default the tokenizer's image size, centre crop to multiples of the patch, aspect ratio kept; images with a
@@ -47,6 +52,7 @@ from typing import Any, Literal
 import torch
 
 from lumina.data.assets import DatasetAssets
+from lumina.data.fs import is_file, is_url, join, parent, read_lines
 from lumina.data.ingest import PendingRow, PixelEncoder, PixelPart
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
@@ -106,7 +112,7 @@ def _int_list(value: Any, where: str) -> list[int]:
 PIXEL_KEYS = {"image": "file", "video": "files"}  # the key that holds a media kind's image files
 
 
-def parse_pixel_part(part: dict, kind: str, where: str, base_dir: Path, pixels: bool) -> PixelPart:
+def parse_pixel_part(part: dict, kind: str, where: str, base_dir: str | Path, pixels: bool) -> PixelPart:
     """An {"kind": "image", "file"} / {"kind": "video", "files"} part -> PixelPart (files checked to exist)."""
     key = PIXEL_KEYS.get(kind)
     if key is None or key not in part:
@@ -120,15 +126,15 @@ def parse_pixel_part(part: dict, kind: str, where: str, base_dir: Path, pixels: 
     names = [_require(part, key, str, where)] if kind == "image" else _require(part, key, list, where)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise _RowError(f"{where}.{key}={str(names)[:80]}: expected a non-empty list of file names")
-    files = tuple(Path(n) if Path(n).is_absolute() else base_dir / n for n in names)
+    files = tuple(join(base_dir, n) for n in names)
     for n, f in enumerate(files):
-        if not f.is_file():
+        if not is_file(f):
             at = f"{where}.{key}" + (f"[{n}]" if kind == "video" else "")
             raise _RowError(f"{at}: image file {f} does not exist")
     return PixelPart(kind, files, where)
 
 
-def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
+def parse_part(part: Any, where: str, base_dir: str | Path, tokens: SpecialTokens,
                tokenizer: TextTokenizer | None, pixels: bool = False) -> Text | Media | PixelPart:
     if not isinstance(part, dict):
         raise _RowError(f"{where}={part!r}: expected an object")
@@ -162,10 +168,9 @@ def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
     if "grid" in part:
         grid = tuple(_int_list(part["grid"], f"{where}.grid"))
     if "path" in part:
-        path = Path(_require(part, "path", str, where))
+        path = _require(part, "path", str, where)
         try:
-            found_file = read_token_file(path if path.is_absolute() else base_dir / path, kind,
-                                         tokens.num_codebooks, tokens.codebook_size)
+            found_file = read_token_file(join(base_dir, path), kind, tokens.num_codebooks, tokens.codebook_size)
         except TokenFileError as exc:
             raise _RowError(str(exc)) from exc
         codes, found = found_file.codes, found_file.grid
@@ -192,7 +197,7 @@ def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
     return media
 
 
-def parse_row(obj: Any, base_dir: Path, tokens: SpecialTokens, tokenizer: TextTokenizer | None,
+def parse_row(obj: Any, base_dir: str | Path, tokens: SpecialTokens, tokenizer: TextTokenizer | None,
               default_source: str, pixels: bool = False) -> Sample:
     if not isinstance(obj, dict):
         raise _RowError(f"row is {type(obj).__name__}; expected a JSON object")
@@ -219,28 +224,29 @@ def parse_row(obj: Any, base_dir: Path, tokens: SpecialTokens, tokenizer: TextTo
 
 @dataclass
 class RawRow:
-    """One manifest row before parsing: its file and 1-based line, and the decoded JSON (or why it is not)."""
+    """One manifest row before parsing: its file (a path or URL) and 1-based line, and the decoded JSON (or why
+    it is not)."""
 
-    file: Path
+    file: str | Path
     line: int
     obj: Any = None
     error: str | None = None
 
 
 def manifest_rows(manifests: list[str | Path]) -> Iterator[RawRow]:
-    """The non-blank lines of JSONL manifests, in order."""
-    for manifest in map(Path, manifests):
-        if not manifest.is_file():
+    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order."""
+    for manifest in manifests:
+        manifest = manifest if is_url(manifest) else Path(manifest)
+        if not is_file(manifest):
             raise FileNotFoundError(f"manifest {manifest} does not exist")
-        with manifest.open() as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = RawRow(manifest, line_no, json.loads(line))
-                except json.JSONDecodeError as exc:
-                    row = RawRow(manifest, line_no, error=f"invalid JSON: {exc}")
-                yield row
+        for line_no, line in enumerate(read_lines(manifest), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = RawRow(manifest, line_no, json.loads(line))
+            except ValueError as exc:  # bad JSON or bad UTF-8
+                row = RawRow(manifest, line_no, error=f"invalid JSON: {exc}")
+            yield row
 
 
 def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: SpecialTokens,
@@ -275,7 +281,7 @@ def build_rows(rows: Iterable[RawRow], out_dir: str | Path, tokens: SpecialToken
         if raw.error is not None:
             return PendingRow(raw, None, _RowError(raw.error))
         try:
-            return PendingRow(raw, parse_row(raw.obj, raw.file.parent, tokens, tokenizer, source, pixels is not None))
+            return PendingRow(raw, parse_row(raw.obj, parent(raw.file), tokens, tokenizer, source, pixels is not None))
         except _RowError as exc:
             return PendingRow(raw, None, exc)
 

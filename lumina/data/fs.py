@@ -5,15 +5,17 @@ An object store's endpoint and credentials come from the standard environment on
 from a config file. The clients' own retries are off, so the budget is this module's: a transient failure
 (connection refused or reset, timeout, a 5xx) is retried `Retry.attempts` times in all, waiting
 `backoff_s`, 2 `backoff_s`, ... between tries, then `StoreError` names the URL. A missing object or a
-refused permission is not transient and raises at once.
+refused permission is not transient and raises at once. Shards are read in byte ranges (`open_binary`);
+media files (token files, images) whole (`read_bytes`); manifests as streamed lines (`read_lines`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, TypeVar
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,55 @@ def open_binary(path: str, size: int | None = None) -> IO[bytes]:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     fs, inner = filesystem(path)
     return fs.open(inner, "rb", cache_type="none", size=size)
+
+
+def is_file(path: str | Path, retry: Retry = DEFAULT_RETRY) -> bool:
+    """Whether a local file or an object exists (an object's lookup retried within `retry`)."""
+    if not is_url(path):
+        return Path(path).is_file()
+    fs, inner = filesystem(str(path))
+    return with_retries(str(path), "looking it up", lambda: fs.isfile(inner), retry)
+
+
+def read_bytes(path: str | Path, retry: Retry = DEFAULT_RETRY) -> bytes:
+    """A whole file or object, read into memory (retried within `retry`; a missing one: FileNotFoundError)."""
+
+    def read() -> bytes:
+        with open_binary(str(path)) as f:
+            return f.read()
+
+    return with_retries(str(path), "reading it", read, retry)
+
+
+def read_lines(path: str | Path, retry: Retry = DEFAULT_RETRY, chunk_bytes: int = 1 << 23) -> Iterator[bytes]:
+    """The lines of a file or object (without b"\\n"), streamed `chunk_bytes` at a time, each range retried."""
+    offset, rest = 0, b""
+    while True:
+        def read(start: int = offset) -> bytes:
+            with open_binary(str(path)) as f:
+                f.seek(start)
+                return f.read(chunk_bytes)
+
+        chunk = with_retries(str(path), f"reading bytes {offset}-{offset + chunk_bytes}", read, retry)
+        if not chunk:
+            break
+        offset += len(chunk)
+        *lines, rest = (rest + chunk).split(b"\n")
+        yield from lines
+    if rest:
+        yield rest
+
+
+def parent(path: str | Path) -> str | Path:
+    """The directory of a local path, or the prefix of a URL (`s3://b/p/m.jsonl` -> `s3://b/p`)."""
+    return str(path).rsplit("/", 1)[0] if is_url(path) else Path(path).parent
+
+
+def join(base: str | Path, name: str) -> str | Path:
+    """`name` relative to a directory or URL prefix; an absolute path or a URL stays itself."""
+    if is_url(name) or Path(name).is_absolute():
+        return name if is_url(name) else Path(name)
+    return f"{str(base).rstrip('/')}/{name}" if is_url(base) else Path(base) / name
 
 
 def with_retries(url: str, what: str, fn: Callable[[], T], retry: Retry) -> T:

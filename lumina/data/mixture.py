@@ -2,7 +2,7 @@
 
     plan = MixturePlan({"world": world_ds, "web": shard_ds}, {"world": 0.3, "web": 0.7}, seed=0,
                        samples_per_epoch=10_000)
-    mix = plan.epoch(3)          # EpochMix: items [(source, index)], counts, realised proportions
+    mix = plan.epoch(3)          # EpochMix: per slot its source (mix.source, into plan.names) and index
     mix.proportions              # e.g. {"world": 0.2987, "web": 0.7013}: log these
     plan.lengths(mix)            # [n, 4] stored laid-out lengths of the drawn items (no payload decoding)
     plan.flat_indices(mix)       # the same items as indices into `ConcatSampleDataset(plan.sources)`
@@ -10,7 +10,9 @@
 Each slot's source is an independent categorical draw with the normalised weights (so realised shares
 fluctuate around the weights with binomial noise, std sqrt(p (1 - p) / n)); within a source, indices are
 taken from a fresh permutation per epoch, cycled when the source is drawn more often than it has samples
-(so every sample of a source appears before any repeats). Everything is a pure function of (seed, epoch).
+(so every sample of a source appears before any repeats), and handed to that source's slots in slot order.
+Everything is a pure function of (seed, epoch), held in NumPy arrays (a few bytes per slot, no Python object
+per sample).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 
@@ -32,12 +35,36 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
 
 
+@numba.njit(cache=True, nogil=True)
+def _gather_rows(source: np.ndarray, index: np.ndarray, k: int, table: np.ndarray, out: np.ndarray) -> None:
+    """out[j] = table[index[j]] for every slot j with source[j] == k (table, out: 2-D, rows)."""
+    for j in range(source.size):
+        if source[j] == k:
+            row = index[j]
+            for c in range(table.shape[1]):
+                out[j, c] = table[row, c]
+
+
 @dataclass(frozen=True)
 class EpochMix:
+    """One epoch's draw: slot j holds sample `index[j]` of source `names[source[j]]`."""
+
     epoch: int
-    items: list[tuple[str, int]]
+    names: tuple[str, ...]
+    source: np.ndarray  # [n] uint8 / uint16 position in names
+    index: np.ndarray  # [n] int64 index within that source
     counts: dict[str, int]
     proportions: dict[str, float]
+
+    @property
+    def items(self) -> list[tuple[str, int]]:
+        """The slots as (source name, index) Python pairs, for inspection (O(n) objects; the data path reads
+        `source` and `index`)."""
+        return [(self.names[k], i) for k, i in zip(self.source.tolist(), self.index.tolist(), strict=True)]
+
+    def item(self, slot: int) -> tuple[str, int]:
+        """(source name, index) of one slot."""
+        return self.names[int(self.source[slot])], int(self.index[slot])
 
     def log_dict(self, prefix: str = "data/mix/") -> dict[str, float]:
         """Realised proportions keyed for a logger."""
@@ -71,41 +98,49 @@ class MixturePlan:
         self.samples_per_epoch = samples_per_epoch
 
     def epoch(self, epoch: int) -> EpochMix:
-        """The (source, index) list of `epoch`, deterministic in (seed, epoch)."""
+        """The draw of `epoch`, deterministic in (seed, epoch)."""
         gen = torch.Generator().manual_seed(_seed("mixture", self.seed, epoch))
         probs = torch.tensor([self.weights[n] for n in self.names], dtype=torch.float64)
-        choice = torch.multinomial(probs, self.samples_per_epoch, replacement=True, generator=gen)
-        counts = torch.bincount(choice, minlength=len(self.names)).tolist()
-        picks: list[list[int]] = []
-        for name, count in zip(self.names, counts, strict=True):
-            size = len(self.sources[name])
-            source_gen = torch.Generator().manual_seed(_seed("mixture-index", self.seed, epoch, name))
-            rounds = [torch.randperm(size, generator=source_gen) for _ in range(math.ceil(count / size))] if count else []
-            picks.append(torch.cat(rounds)[:count].tolist() if rounds else [])
-        cursor = [0] * len(self.names)
-        items = []
-        for k in choice.tolist():
-            items.append((self.names[k], picks[k][cursor[k]]))
-            cursor[k] += 1
-        n = self.samples_per_epoch
-        return EpochMix(epoch, items, dict(zip(self.names, counts, strict=True)),
-                        {name: c / n for name, c in zip(self.names, counts, strict=True)})
+        choice = torch.multinomial(probs, self.samples_per_epoch, replacement=True, generator=gen).numpy()
+        source = choice.astype(np.min_scalar_type(len(self.names) - 1))
+        counts = np.bincount(source, minlength=len(self.names)).tolist()
+        mix = EpochMix(epoch, tuple(self.names), source, np.empty(self.samples_per_epoch, np.int64),
+                       dict(zip(self.names, counts, strict=True)),
+                       {name: c / self.samples_per_epoch for name, c in zip(self.names, counts, strict=True)})
+        for k, (name, count) in enumerate(zip(self.names, counts, strict=True)):
+            if count:
+                size = len(self.sources[name])
+                source_gen = torch.Generator().manual_seed(_seed("mixture-index", self.seed, epoch, name))
+                rounds = [torch.randperm(size, generator=source_gen) for _ in range(math.ceil(count / size))]
+                mix.index[source == k] = torch.cat(rounds)[:count].numpy()  # to the source's slots, in order
+        return mix
+
+    def gather(self, mix: EpochMix, tables: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Per-source tables (name -> [len(source), ...]) -> [n, ...] the rows of the drawn items, slot order
+        (in the tables' common type)."""
+        arrays = [np.asarray(tables[name]) for name in self.names]
+        dtype = np.result_type(*arrays)
+        out = np.empty((len(mix.index), *arrays[0].shape[1:]), dtype)
+        for k, (name, array) in enumerate(zip(self.names, arrays, strict=True)):
+            if mix.counts[name]:  # (an empty source has weight 0 and no slots)
+                rows = np.ascontiguousarray(array, dtype=dtype).reshape(len(array), -1)
+                _gather_rows(mix.source, mix.index, k, rows, out.reshape(len(out), -1))
+        return out
 
     def sample(self, item: tuple[str, int]) -> Sample:
+        """The sample of one (source name, index) item (`EpochMix.item`)."""
         name, index = item
         return self.sources[name][index]
 
     def lengths(self, mix: EpochMix) -> np.ndarray:
-        """[len(mix.items), 4] stored laid-out lengths (keep, drop_text, drop_image, drop_both) of the items."""
-        table = {name: self.sources[name].laid_out_lengths() for name in self.names}
-        if not mix.items:
-            return np.zeros((0, 4), dtype=np.int64)
-        return np.stack([table[name][index] for name, index in mix.items]).astype(np.int64)
+        """[n, 4] stored laid-out lengths (keep, drop_text, drop_image, drop_both) of the items, in the stored
+        tables' type."""
+        return self.gather(mix, {name: self.sources[name].laid_out_lengths() for name in self.names})
 
     def flat_indices(self, mix: EpochMix) -> np.ndarray:
-        """[len(mix.items)] int64 indices of the items in `ConcatSampleDataset(self.sources)` (sources in order)."""
-        offsets = dict(zip(self.names, np.cumsum([0] + [len(self.sources[n]) for n in self.names[:-1]]), strict=True))
-        return np.array([offsets[name] + index for name, index in mix.items], dtype=np.int64)
+        """[n] int64 indices of the items in `ConcatSampleDataset(self.sources)` (sources in order)."""
+        offsets = np.cumsum([0] + [len(self.sources[n]) for n in self.names[:-1]], dtype=np.int64)
+        return offsets[mix.source] + mix.index
 
 
 class ConcatSampleDataset:

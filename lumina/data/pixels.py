@@ -21,12 +21,15 @@ The official tools do not apply EXIF orientation, so neither does lumina (the to
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+
+from lumina.data.fs import read_bytes
 
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -53,12 +56,14 @@ class Preparation:
 
 def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
     """An image file -> uint8 [H, W, 3], H and W multiples of prep.patch (module docstring); raises PixelError
-    naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise PixelError(f"image file {path} does not exist")
+    naming the file. `path` may be a URL (`lumina.data.fs`: read whole, with the store's retries; a store still
+    failing raises StoreError)."""
     try:
-        with Image.open(path) as opened:
+        data = read_bytes(path)
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise PixelError(f"image file {path} does not exist") from exc
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
             if opened.format not in FORMATS:
                 raise PixelError(f"image file {path} is {opened.format}; expected one of {', '.join(FORMATS)}")
             opened.load()

@@ -100,16 +100,16 @@ class MixtureSource:
 
     def sample_id(self, index: int) -> str:
         """Id of slot `index` in the most recently drawn epoch."""
-        name, i = (self._mix or self.mix(0)).items[index]
+        name, i = (self._mix or self.mix(0)).item(index)
         return self.mixture.sources[name].sample_id(i)
 
     def lengths(self, epoch: int) -> np.ndarray:
         mix = self.mix(epoch)
-        hashes = np.array([self._hashes[name][i] for name, i in mix.items], dtype=np.uint64)
+        hashes = self.mixture.gather(mix, self._hashes)
         return dropout_lengths(self.mixture.lengths(mix), hashes, self.noise, self.seed, epoch)
 
     def sequence(self, index: int, epoch: int) -> TrainingSequence:
-        sample = self.mixture.sample(self.mix(epoch).items[index])
+        sample = self.mixture.sample(self.mix(epoch).item(index))
         return layout_sample(sample, self.tokens, self.noise, self.seed, epoch)
 
 

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lumina.data.assets import DatasetAssets
-from lumina.data.fs import DEFAULT_RETRY, Retry, filesystem, is_url, open_binary, with_retries
+from lumina.data.fs import DEFAULT_RETRY, Retry, filesystem, is_file, is_url, open_binary, with_retries
 from lumina.data.noise import id_hashes
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
@@ -305,10 +305,10 @@ def shard_paths(paths: str | Path | Sequence[str | Path], retry: Retry = DEFAULT
 
 
 def _remote_shards(url: str, retry: Retry) -> list[str]:
+    if is_file(url, retry):
+        return [url]
     fs, inner = filesystem(url)
     protocol = url.split("://", 1)[0]
-    if with_retries(url, "listing", lambda: fs.isfile(inner), retry):
-        return [url]
     found = sorted(with_retries(url, "listing", lambda: fs.glob(inner.rstrip("/") + "/*.parquet"), retry))
     if not found:
         raise FileNotFoundError(f"{url}: no such shard, and no *.parquet shards under it")

@@ -23,6 +23,7 @@ must be positive integers and are returned. `token_file_dict` writes the same ke
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from lumina.data.fs import read_bytes
 
 ATOKEN_CODES = (8, 4096)  # (num_codebooks C, codebook_size K) of the official AToken files
 COORD_COLUMNS = {"image": (4, 5), "video": (5,), "mesh3d": (3, 5)}
@@ -72,25 +75,29 @@ class TokenFile:
 
 
 def load_token_dict(path: str | Path) -> Any:
-    """The unpickled payload of a token file (weights_only=True + NUMPY_GLOBALS); TokenFileError naming the file
-    for a missing file, a corrupt one or a pickle asking for any other global."""
-    path = Path(path)
-    if not path.is_file():
-        raise TokenFileError(f"token file {path} does not exist")
+    """The unpickled payload of a token file, a local path or a URL (`lumina.data.fs`: its bytes read whole,
+    with the store's retries; a store still failing raises StoreError), loaded with weights_only=True +
+    NUMPY_GLOBALS; TokenFileError naming the file for a missing file, a corrupt one or a pickle asking for any
+    other global."""
+    try:
+        data = read_bytes(path)
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise TokenFileError(f"token file {path} does not exist") from exc
     try:
         with torch.serialization.safe_globals(NUMPY_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # an unpickler refusal or a corrupt file; nothing of the pickle ran
         raise TokenFileError(f"token file {path} cannot be read safely (torch.load weights_only=True with only "
-                             f"NumPy arrays allowed): {_refusal(path, exc)}") from exc
+                             f"NumPy arrays allowed): {_refusal(data, exc)}") from exc
 
 
-def _refusal(path: Path, exc: Exception) -> str:
+def _refusal(data: bytes, exc: Exception) -> str:
     """The globals a refused pickle asks for beyond NUMPY_GLOBALS, else the loader's own reason."""
     allowed = {name if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
                for g in NUMPY_GLOBALS for name in ([g[1]] if isinstance(g, tuple) else [None])}
     try:
-        foreign = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
+        foreign = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+                   if g not in allowed]
     except Exception:  # not a zip checkpoint: report what torch.load said
         foreign = []
     if foreign:
@@ -99,7 +106,7 @@ def _refusal(path: Path, exc: Exception) -> str:
     return lines[-1].strip() if lines else type(exc).__name__
 
 
-def _matrix(value: Any, path: Path, kind: str, name: str, columns: tuple[int, ...]) -> torch.Tensor:
+def _matrix(value: Any, path: str | Path, kind: str, name: str, columns: tuple[int, ...]) -> torch.Tensor:
     where = f"token file {path}: {kind} {name}"
     try:
         matrix = torch.as_tensor(value)
@@ -117,7 +124,7 @@ def _matrix(value: Any, path: Path, kind: str, name: str, columns: tuple[int, ..
     return matrix.long()
 
 
-def _image_size(data: dict, path: Path) -> tuple[int, int] | None:
+def _image_size(data: dict, path: str | Path) -> tuple[int, int] | None:
     given = [k for k in SIZE_KEYS if k in data]
     if not given:
         return None
@@ -169,7 +176,6 @@ def grid_order(coords: torch.Tensor, kind: str, where: str) -> tuple[torch.Tenso
 def validate_token_dict(data: Any, path: str | Path, kind: str, num_codebooks: int = ATOKEN_CODES[0],
                         codebook_size: int = ATOKEN_CODES[1]) -> TokenFile:
     """A loaded payload -> TokenFile (module docstring); TokenFileError naming `path` and the field."""
-    path = Path(path)
     if kind not in COORD_COLUMNS:
         raise TokenFileError(f"token file {path}: kind={kind!r}, expected one of {sorted(COORD_COLUMNS)}")
     if not isinstance(data, dict):
@@ -194,7 +200,8 @@ def validate_token_dict(data: Any, path: str | Path, kind: str, num_codebooks: i
 
 def read_token_file(path: str | Path, kind: str, num_codebooks: int = ATOKEN_CODES[0],
                     codebook_size: int = ATOKEN_CODES[1]) -> TokenFile:
-    """An official `.pkl` / `.pt` token file -> TokenFile (codes in grid order, grid, recorded image size)."""
+    """An official `.pkl` / `.pt` token file (a local path or a URL) -> TokenFile (codes in grid order, grid,
+    recorded image size)."""
     return validate_token_dict(load_token_dict(path), path, kind, num_codebooks, codebook_size)
 
 

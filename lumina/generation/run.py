@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lumina.data.fs import is_file
 from lumina.data.pixels import Preparation, read_image, to_signed
 from lumina.data.schema import Media, Part, Text
 from lumina.data.token_files import read_token_file, token_file_dict
@@ -196,20 +197,20 @@ def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, in
 
 def load_image(path: str, assets: GenerationAssets, max_edge: int = 0, no_upscale: bool = False) -> Media:
     """An official token file (.pkl / .pt, read by `lumina.data.token_files`) or, with a visual tokenizer, an
-    image file read like the training data was (`lumina.data.pixels`) and encoded -> Media."""
-    file = Path(path)
-    if not file.is_file():
+    image file read like the training data was (`lumina.data.pixels`) and encoded -> Media. `path` may be a URL
+    (`lumina.data.fs`)."""
+    if not is_file(path):
         raise FileNotFoundError(f"image {path!r}: no such file")
-    if file.suffix in TOKEN_SUFFIXES:
+    if Path(path).suffix in TOKEN_SUFFIXES:
         tokens = assets.tokens
-        found = read_token_file(file, "image", tokens.num_codebooks, tokens.codebook_size)
+        found = read_token_file(path, "image", tokens.num_codebooks, tokens.codebook_size)
         return Media("image", found.codes, found.grid)
     tokenizer = assets.image_tokenizer
     if tokenizer is None:
         raise ValueError(f"image {path!r}: pixels need a visual tokenizer (image_tokenizer=builtin|atoken|DIR); "
                          "or pass a token file (.pkl / .pt)")
     prep = Preparation(int(max_edge), tokenizer.patch_size, upscale=not no_upscale)
-    codes, grid = tokenizer.encode(to_signed(read_image(file, prep)[None]))
+    codes, grid = tokenizer.encode(to_signed(read_image(path, prep)[None]))
     return Media("image", codes[0], tuple(grid))
 
 

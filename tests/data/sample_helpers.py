@@ -1,6 +1,8 @@
-"""Helpers for the storage / build / world tests: sample equality and small hand-made samples."""
+"""Helpers for the storage / build / world tests: sample equality, small hand-made samples, a hostile pickle."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -39,3 +41,13 @@ def mixed_samples(c: int = 8, high: int = 4096) -> list[Sample]:
         Sample("chat-0", [Turn("system", [Text([5, 6])]), Turn("user", [Text([40])]), Turn("assistant", [Text([41])]),
                           Turn("user", [Text([42, 43])]), Turn("assistant", [Text([44, 45, 46])])]),
     ]
+
+
+class Shell:
+    """A token-file payload that runs `command` when plainly unpickled (what safe loading must refuse)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)

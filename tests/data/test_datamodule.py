@@ -13,6 +13,7 @@ from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.layout import layout_eval, layout_sample
 from lumina.data.mixture import MixturePlan
 from lumina.data.noise import NoiseConfig
+from lumina.data.plan import PackSchedule
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.sources import LayoutSource, MixtureSource, SyntheticSource
 from lumina.data.special_tokens import SpecialTokens
@@ -187,6 +188,34 @@ def test_mixture_source_lengths_match_layout() -> None:
         batches = list(dm.train_dataloader())
         assert sum(int(x.token_valid.sum()) for x in batches) == sum(want)
         assert sum(len(x.seg_bounds) - 1 for x in batches) == 10
+
+
+def test_a_mixture_resumes_mid_epoch_on_the_same_packs() -> None:
+    """Saved after 3 steps of epoch 1, restored into freshly built sources and plan: the remaining packs (and
+    their samples) are the uninterrupted run's."""
+    tokens = SpecialTokens.official()
+    samples = real_samples(tokens)
+    noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
+
+    def schedule() -> tuple[PackSchedule, MixtureSource]:
+        sources = {"a": InMemorySampleDataset(samples[:3], tokens), "b": InMemorySampleDataset(samples[3:], tokens)}
+        src = MixtureSource(MixturePlan(sources, {"a": 1.0, "b": 3.0}, seed=1, samples_per_epoch=40), noise, 3)
+        return PackSchedule(src.lengths, 256, 5, sample_id=src.sample_id), src
+
+    straight, straight_src = schedule()
+    full = straight.begin(1)
+    members = [list(straight.plan().pack(p)) for p in full]
+    saved, _ = schedule()
+    saved.begin(1)
+    saved.consumed(3)
+    state = saved.state_dict()
+    resumed, src = schedule()
+    resumed.load_state_dict(state)  # checks the plan fingerprint
+    rest = resumed.begin(1)
+    assert len(full) > 4 and rest == full[3:]
+    assert [list(resumed.plan().pack(p)) for p in rest] == members[3:]
+    assert [src.sample_id(i) for m in members[3:] for i in m] == \
+        [straight_src.sample_id(i) for m in members[3:] for i in m]
 
 
 def test_pin_memory_follows_the_trainers_device() -> None:

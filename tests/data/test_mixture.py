@@ -7,8 +7,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
-from lumina.data.mixture import MixturePlan
+from lumina.data.mixture import MixturePlan, _seed
 
 
 class Sized:
@@ -64,6 +65,41 @@ def test_indices_cover_a_source_before_repeating():
         assert all(lo <= seen.get(i, 0) <= hi for i in range(len(source))), name
 
 
+def slot_by_slot(plan: MixturePlan, epoch: int) -> list[tuple[str, int]]:
+    """The draw as the rule reads, one slot at a time in Python: a categorical source per slot, then each
+    source's next index from its cycled per-epoch permutations (the lists the plan built before it held arrays,
+    so checkpoints of either see the same packs)."""
+    gen = torch.Generator().manual_seed(_seed("mixture", plan.seed, epoch))
+    probs = torch.tensor([plan.weights[n] for n in plan.names], dtype=torch.float64)
+    choice = torch.multinomial(probs, plan.samples_per_epoch, replacement=True, generator=gen).tolist()
+    perms: dict[str, list[int]] = {}
+    for name in plan.names:
+        source_gen = torch.Generator().manual_seed(_seed("mixture-index", plan.seed, epoch, name))
+        while len(perms.setdefault(name, [])) < choice.count(plan.names.index(name)):
+            perms[name] += torch.randperm(len(plan.sources[name]), generator=source_gen).tolist()
+    taken = Counter()
+    items = []
+    for k in choice:
+        name = plan.names[k]
+        items.append((name, perms[name][taken[name]]))
+        taken[name] += 1
+    return items
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_arrays_hold_the_slot_by_slot_draw(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 60, size=int(rng.integers(1, 5)))
+    sources = {f"s{i}": Sized(int(n)) for i, n in enumerate(sizes)}
+    weights = {name: float(w) for name, w in zip(sources, rng.random(len(sources)) + 0.05, strict=True)}
+    plan = MixturePlan(sources, weights, seed=seed, samples_per_epoch=int(rng.integers(1, 400)))
+    for epoch in range(2):
+        mix = plan.epoch(epoch)
+        want = slot_by_slot(plan, epoch)
+        assert mix.items == want and [mix.item(j) for j in range(len(want))] == want
+        assert plan.lengths(mix).tolist() == [[i, i + 1, i + 2, i + 3] for _, i in want]
+
+
 def test_lengths_come_from_the_stored_columns():
     plan = MixturePlan(SOURCES, WEIGHTS, seed=0, samples_per_epoch=50)
     mix = plan.epoch(0)
@@ -77,6 +113,13 @@ def test_zero_weight_source_is_never_drawn():
     mix = MixturePlan(SOURCES, {"a": 1.0, "b": 0.0, "c": 1.0}, seed=0, samples_per_epoch=300).epoch(0)
     assert mix.counts["b"] == 0 and mix.proportions["b"] == 0.0
     assert {name for name, _ in mix.items} == {"a", "c"}
+
+
+def test_an_empty_zero_weight_source_gets_no_slots():
+    plan = MixturePlan({"a": Sized(4), "e": Sized(0)}, {"a": 1.0, "e": 0.0}, seed=0, samples_per_epoch=6)
+    mix = plan.epoch(0)
+    assert mix.counts == {"a": 6, "e": 0} and sorted(plan.lengths(mix)[:, 0].tolist()) == sorted(
+        i for _, i in mix.items)
 
 
 @pytest.mark.parametrize(("weights", "spe", "pattern"), [

@@ -2,24 +2,43 @@
 port) holds `lumina-data world` shards. `lumina-train data=parquet data.sources.0.path=s3://...` trains from
 it; the store going away mid-run fails the run within its retry budget with one line naming the URL, and the
 same command after the store is back resumes with the losses of an uninterrupted run (from local disk). Bad shards on the store
-(missing, truncated, written with other settings) each raise naming the URL."""
+(missing, truncated, written with other settings) each raise naming the URL. A manifest on the store whose
+image-file and token-file parts are on the store builds the same shards as the same files on local disk; a
+missing or unsafe token-file object is named by its URL; lumina-generate reads its input image from the store."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
+from pixel_helpers import picture
 from s3_server import S3Server
+from sample_helpers import Shell
 
 from lumina.cli.data import main as data_main
-from lumina.data.fs import Retry, StoreError, with_retries
+from lumina.data.assets import save_assets
+from lumina.data.build import BuildError, build_shards
+from lumina.data.fs import Retry, StoreError, read_lines, with_retries
+from lumina.data.ingest import PixelEncoder
+from lumina.data.pixels import to_signed
+from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import InMemorySampleDataset, ParquetSampleDataset
+from lumina.data.token_files import TokenFileError, read_token_file, token_file_dict
+from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
+from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
+from lumina.data.tokenizers.text import WordTokenizer
+from lumina.generation.assets import GenerationAssets
+from lumina.generation.run import load_image
 
 BUCKET, PREFIX = "lumina", "world/train"
 URL = f"s3://{BUCKET}/{PREFIX}"
@@ -147,3 +166,88 @@ def test_retry_budget_is_bounded_and_not_spent_on_bad_data():
     assert len(calls) == 1
     with pytest.raises(ValueError, match="attempts=0"):
         Retry(attempts=0)
+
+
+def upload_tree(server: S3Server, local_dir: Path, prefix: str) -> str:
+    """Every file under local_dir -> s3://BUCKET/prefix/<relative path>; returns the prefix URL."""
+    fs = server.filesystem()
+    for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+        fs.pipe(f"{BUCKET}/{prefix}/{path.relative_to(local_dir).as_posix()}", path.read_bytes())
+    return f"s3://{BUCKET}/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def media(store, tmp_path_factory):
+    """A manifest with a PNG part and an official-style .pkl token-file part, relative to it, on local disk
+    and the same files on the store; the tokenizer (C = 3, K = 16, 16 px, patch 4), the PNG's pixels and the
+    token file's codes."""
+    server, _ = store
+    rng = np.random.default_rng(3)
+    images = to_signed(np.stack([picture(rng, 16, 16) for _ in range(12)]))
+    tokenizer = RVQVisualTokenizer(RVQImageTokenizer.fit(images, RVQSettings(4, 16, 3, 8, 0)), 16)
+    local = tmp_path_factory.mktemp("media")
+    (local / "img").mkdir()
+    (local / "tok").mkdir()
+    pixels = picture(rng, 16, 16)
+    Image.fromarray(pixels).save(local / "img" / "a.png")
+    codes = torch.randint(0, 16, (6, 3), generator=torch.Generator().manual_seed(0))
+    torch.save(token_file_dict(codes, (2, 3), image_size=(8, 12)), local / "tok" / "b.pkl")
+    rows = [{"id": "png", "turns": [{"role": "user", "parts": [{"kind": "text", "ids": [1, 2]}]},
+                                    {"role": "assistant", "parts": [{"kind": "image", "file": "img/a.png"}]}]},
+            {"id": "pkl", "turns": [{"role": "user", "parts": [{"kind": "image", "path": "tok/b.pkl"},
+                                                               {"kind": "text", "ids": [3]}]},
+                                    {"role": "assistant", "parts": [{"kind": "text", "ids": [4, 5]}]}]}]
+    (local / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return server, local, upload_tree(server, local, "media"), tokenizer, pixels, codes
+
+
+def build(manifest: str | Path, out: Path, tokenizer: RVQVisualTokenizer):
+    tokens = SpecialTokens.official().replace(codebook_size=16, num_codebooks=3)
+    return build_shards([manifest], out, tokens, pixels=PixelEncoder(tokenizer), assets=save_assets(out, None, tokenizer))
+
+
+def test_a_manifest_on_the_store_builds_the_rows_of_its_local_copy(media, tmp_path):
+    _, local, url, tokenizer, pixels, codes = media
+    remote_lines = list(read_lines(f"{url}/m.jsonl", chunk_bytes=7))  # lines split across many ranged reads
+    assert remote_lines == (local / "m.jsonl").read_bytes().splitlines()
+    report = build(f"{url}/m.jsonl", tmp_path / "remote", tokenizer)
+    assert (report.rows_written, report.rows_skipped) == (2, 0)
+    build(local / "m.jsonl", tmp_path / "local", tokenizer)
+    shards = sorted(p.name for p in (tmp_path / "local").glob("*.parquet"))
+    assert shards == sorted(p.name for p in (tmp_path / "remote").glob("*.parquet")) and shards
+    for name in shards:
+        assert (tmp_path / "remote" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    ds = ParquetSampleDataset(tmp_path / "remote")
+    image, tokens_part = ds[0].turns[1].parts[0], ds[1].turns[0].parts[0]
+    assert torch.equal(image.codes, tokenizer.encode(to_signed(pixels[None]))[0][0]) and image.grid == (4, 4)
+    assert torch.equal(tokens_part.codes, codes) and tokens_part.grid == (2, 3)
+
+
+def test_a_missing_or_unsafe_token_file_on_the_store_is_named_by_its_url(media, tmp_path):
+    server, local, url, tokenizer, _, _ = media
+    row = {"id": "gone", "turns": [{"role": "user", "parts": [{"kind": "image", "path": "tok/absent.pkl"}]},
+                                   {"role": "assistant", "parts": [{"kind": "text", "ids": [4]}]}]}
+    server.filesystem().pipe(f"{BUCKET}/media/gone.jsonl", (json.dumps(row) + "\n").encode())
+    with pytest.raises(BuildError, match=f"^{url}/gone.jsonl:1: token file {url}/tok/absent.pkl does not exist"):
+        build(f"{url}/gone.jsonl", tmp_path / "out", tokenizer)
+    with pytest.raises(FileNotFoundError, match=f"manifest {url}/nothing.jsonl does not exist"):
+        build(f"{url}/nothing.jsonl", tmp_path / "out2", tokenizer)
+
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pkl"
+    torch.save({"indices": Shell(f"touch {marker}"), "coords": [[0, 0, 0, 0, 0]]}, evil)
+    server.filesystem().pipe(f"{BUCKET}/media/tok/evil.pkl", evil.read_bytes())
+    with pytest.raises(TokenFileError, match=rf"token file {url}/tok/evil.pkl cannot be read safely.*system"):
+        read_token_file(f"{url}/tok/evil.pkl", "image", num_codebooks=3, codebook_size=16)
+    assert not marker.exists()
+
+
+def test_generation_reads_its_input_image_from_the_store(media):
+    _, local, url, tokenizer, _, _ = media
+    tokens = SpecialTokens.official().replace(codebook_size=16, num_codebooks=3)
+    assets = GenerationAssets(WordTokenizer(["a"]), tokens, tokenizer, "own")
+    for name in ("tok/b.pkl", "img/a.png"):
+        remote, here = load_image(f"{url}/{name}", assets), load_image(str(local / name), assets)
+        assert torch.equal(remote.codes, here.codes) and remote.grid == here.grid
+    with pytest.raises(FileNotFoundError, match=f"image '{url}/img/absent.png': no such file"):
+        load_image(f"{url}/img/absent.png", assets)

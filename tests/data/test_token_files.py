@@ -3,12 +3,12 @@ field, and coords map to grids with the official conventions (utils/media_token_
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from sample_helpers import Shell
 
 from lumina.data.token_files import TokenFileError, read_token_file, token_file_dict
 
@@ -31,18 +31,10 @@ def test_numpy_arrays_and_sizes_load(tmp_path):
     assert found.codes.dtype == torch.int64 and found.codes[:, 3].tolist() == [5, 6, 7, 8, 9, 10]
 
 
-class _Shell:
-    def __init__(self, command: str):
-        self.command = command
-
-    def __reduce__(self):
-        return os.system, (self.command,)
-
-
 def test_a_pickle_calling_os_system_is_refused_and_nothing_runs(tmp_path):
     marker = tmp_path / "ran"
     path = tmp_path / "evil.pkl"
-    torch.save({"indices": _Shell(f"touch {marker}"), "coords": image_rows(1, 1)}, path)
+    torch.save({"indices": Shell(f"touch {marker}"), "coords": image_rows(1, 1)}, path)
     torch.load(path, weights_only=False)  # the payload is live: plain unpickling runs it
     assert marker.exists()
     marker.unlink()
