@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from timing import interleaved_medians, synced
 from torch import nn
 
+from lumina.cli.heap import keep_freed_heap_memory
 from lumina.model import LuminaConfig, MoE
 from lumina.model.mlp import SwiGLU
 
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
+    print(f"glibc heap kept for reuse: {keep_freed_heap_memory()}")
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
