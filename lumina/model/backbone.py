@@ -14,8 +14,7 @@ from lumina.model.decoder import DecoderLayer
 from lumina.model.layers import Embedding, Linear, RMSNorm
 from lumina.model.rotary import RotaryEmbedding
 from lumina.model.router import Router, Routing
-
-IMAGE_TYPES = (2, 4)  # rows whose C columns are image codes (media prompt, image answer)
+from lumina.model.supervision import is_image_code_row
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class Backbone(nn.Module):
         n_codebooks = cfg.num_codebooks
         flat_ids = input_ids.reshape(batch * seq, cols)
         flat_types = type_ids.reshape(batch * seq)
-        is_image = (flat_types == IMAGE_TYPES[0]) | (flat_types == IMAGE_TYPES[1])
+        is_image = is_image_code_row(flat_types)
         image_rows = is_image.nonzero().squeeze(1)
         text_rows = (~is_image).nonzero().squeeze(1)
         if cols != n_codebooks and (cols != 1 or image_rows.numel()):

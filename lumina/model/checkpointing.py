@@ -68,7 +68,6 @@ class Checkpointer:
 
     def __init__(self, routers: Iterable[Router]) -> None:
         self.tape: RoutingTape | None = None
-        self.replayed = 0  # router calls served from a tape in a recompute
         self.handles: list[RemovableHandle] = [r.register_forward_hook(self._route) for r in routers]
 
     def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -84,9 +83,7 @@ class Checkpointer:
         tape = self.tape
         if tape is None:
             return None
-        replaying = tape.cursor is not None
         ids = tape.take(routing.topk_ids)
-        self.replayed += int(replaying)
         weights = router.weigh(routing.logits.sigmoid(), ids)
         return Routing(logits=routing.logits, topk_ids=ids, topk_weights=weights)
 

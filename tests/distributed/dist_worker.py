@@ -18,6 +18,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, make_pack, tiny_config, union
+from seed_strategy import SeedStrategy
 from torch.utils.data import DataLoader
 
 from lumina.distributed import (
@@ -37,6 +38,7 @@ from lumina.distributed import (
 from lumina.distributed.plan import OFFICIAL_PLAN
 from lumina.distributed.sequence import SequenceShard
 from lumina.model import LuminaModel
+from lumina.model.checkpointing import RoutingTape
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 OUT: Path = Path(".")
@@ -119,9 +121,19 @@ def checkpointing(policy: str) -> None:
     model = sharded(fresh_model(gradient_checkpointing=policy))
     model.track_expert_load(True)
     batch = my_pack()
-    objective()(model(batch), batch).loss.backward()
+    replayed, take = [0], RoutingTape.take
+
+    def counted(tape: RoutingTape, ids: torch.Tensor) -> torch.Tensor:  # router calls served from a tape
+        replayed[0] += tape.cursor is not None
+        return take(tape, ids)
+
+    RoutingTape.take = counted
+    try:
+        objective()(model(batch), batch).loss.backward()
+    finally:
+        RoutingTape.take = take
     save(f"checkpointing_{policy}", {"grads": full_grads(model), "load": model.expert_load(),
-                                     "replayed": model.model.checkpointer.replayed})
+                                     "replayed": replayed[0]})
 
 
 def mixed_precision() -> None:
@@ -318,7 +330,7 @@ def conditional_runs() -> None:
         lumina_module(), datamodule=FixedPacks(packs))
     out["rule_on_losses"] = rec.losses
     try:
-        trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2, conditional_rule=False)), OUT / "check", 3).fit(
+        trainer(SeedStrategy(ParallelConfig(ep=2)), OUT / "check", 3).fit(
             lumina_module(), datamodule=FixedPacks(packs))
         out["check_error"] = None
     except Exception as error:  # noqa: BLE001 - recorded for the test
@@ -350,10 +362,10 @@ def hang() -> None:
         def on_after_backward(self, trainer, module):
             mark("after_backward")
 
-    cfg = ParallelConfig(ep=2, conditional_rule=False, participation_check=False, timeout_s=15)
+    cfg = ParallelConfig(ep=2, participation_check=False, timeout_s=15)
     mark("setup")
     try:
-        trainer(FSDP2ExpertParallelStrategy(cfg), OUT / "hang", 3, [Phase()]).fit(
+        trainer(SeedStrategy(cfg), OUT / "hang", 3, [Phase()]).fit(
             lumina_module(), datamodule=FixedPacks(packs))
         result = {"error": None}
     except BaseException as error:  # noqa: BLE001 - recorded for the test
