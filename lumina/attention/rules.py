@@ -12,7 +12,7 @@ from lumina.attention.bounds import resolve_seg_bounds
 from lumina.data.roles import TokenType
 
 # plain ints: the rule is also traced into flex-attention's compiled mask_mod
-TEXT_PROMPT, TEXT_ANSWER, IMAGE_ANSWER = int(TokenType.TEXT), int(TokenType.TEXT_ANSWER), int(TokenType.IMAGE_ANSWER)
+TEXT_PROMPT, TEXT_ANSWER, IMAGE_ANSWER = (int(t) for t in (TokenType.TEXT, TokenType.TEXT_ANSWER, TokenType.IMAGE_ANSWER))
 
 
 def simple_rules(cq: torch.Tensor, ck: torch.Tensor, tq: torch.Tensor, tk: torch.Tensor) -> torch.Tensor:

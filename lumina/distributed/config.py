@@ -43,7 +43,7 @@ class ParallelConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ParallelConfig:
-        """From `strategy.parallel`: a removed or unknown key raises ValueError naming it (and the knob to use)."""
+        """From `strategy.parallel`: a removed or unknown key raises ValueError naming it (and what to use)."""
         for key in values:
             if key in REMOVED:
                 raise ValueError(f"strategy.parallel.{key} was removed; use {REMOVED[key]}")

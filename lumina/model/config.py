@@ -69,7 +69,7 @@ class LuminaConfig:
     router_init: the from-scratch init of each router's `gate.weight`: "kaiming_uniform" (nn.Linear's default,
     what the official code gets) or "normal" (N(0, initializer_range), as torchtitan and Megatron initialise
     routers). The smaller normal init starts every expert's score near 0.5, so the expert bias, not the first
-    random weights, decides where tokens go at the start (README, "Expert balance")."""
+    random weights, decides where tokens go at the start (experiments/expert_balance.md)."""
 
     # --- official config.json (defaults = the released 16B-A1B file) ---
     architectures: list[str] = field(default_factory=lambda: ["LLaDA2MoeModelLM"])

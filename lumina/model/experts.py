@@ -84,7 +84,8 @@ def _swiglu_forward(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, do
 
 def _swiglu_backward(grad_y: torch.Tensor, rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
                      down: torch.Tensor, offsets: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
-                     needs: tuple[bool, ...], row_weight: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+                     needs: tuple[bool, ...],
+                     row_weight: torch.Tensor | None = None) -> list[torch.Tensor | None]:
     """Gradients of (rows, row_weight, gate, up, down) of `_swiglu_forward`'s y, scaled per row by row_weight
     [N, 1] when given, from grad_y [N, H] (the gradient of the unscaled rows' output). Overwrites g and u.
 
@@ -194,13 +195,14 @@ class _RoutedSwiGLU(torch.autograd.Function):
         top_k = weights.shape[1]
         tokens = order // top_k
         row_weight = weights.reshape(-1).index_select(0, order).unsqueeze(-1)  # [T*k, 1]
-        grads = _swiglu_backward(grad.index_select(0, tokens), x.index_select(0, tokens), gate, up, down, offsets,
-                                 g, u, tuple(ctx.needs_input_grad[:5]), row_weight)
+        grads = _swiglu_backward(grad.index_select(0, tokens), x.index_select(0, tokens), gate, up, down,
+                                 offsets, g, u, tuple(ctx.needs_input_grad[:5]), row_weight)
         grad_rows, grad_w = grads[0], grads[1]
         if grad_rows is not None:
             grads[0] = sum_copies(grad_rows, inverse_permutation(order), top_k).to(x.dtype)
-        if grad_w is not None:  # [T*k] in expert-sorted order -> [T, k] (order is a permutation: no scatter-add)
-            grads[1] = grad_w.new_empty(grad_w.shape).index_copy_(0, order, grad_w).view_as(weights).to(weights.dtype)
+        if grad_w is not None:  # [T*k] expert-sorted -> [T, k] (order is a permutation: no scatter-add)
+            slots = grad_w.new_empty(grad_w.shape).index_copy_(0, order, grad_w)
+            grads[1] = slots.view_as(weights).to(weights.dtype)
         return (*grads, None, None)
 
 

@@ -95,7 +95,8 @@ class LuminaModel(nn.Module):
 
     def image_head(self, h_rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: h_rows [N, H], codes int64 [N, C] -> logits [N, C, K]."""
-        return self.heads().image_logits(self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1]))
+        states = self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1])
+        return self.heads().image_logits(states)
 
     def heads(self) -> LuminaHeads:
         return LuminaHeads(self.lm_head, self.lm_img_head)
@@ -109,9 +110,9 @@ class LuminaModel(nn.Module):
     def select_rows(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (text_rows [Nt], image_rows [Ni], teacher-forcing codes [Ni or 0, C]) as flat row indices.
 
-        With labels: `supervised_rows` (all C labels of an image row must then be valid codes). Without labels: the candidates are
-        `batch.query_rows` (all rows if None); text rows are those of type != 4, image rows those of type 4, and
-        there are no teacher-forcing codes."""
+        With labels: `supervised_rows` (all C labels of an image row must then be valid codes). Without labels:
+        the candidates are `batch.query_rows` (all rows if None); text rows are those of type != 4, image rows
+        those of type 4, and there are no teacher-forcing codes."""
         cfg = self.config
         types = batch.type_ids.reshape(-1)
         n_codebooks = cfg.num_codebooks
