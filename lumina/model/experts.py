@@ -47,6 +47,9 @@ def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
+COMBINE_CHUNK_BYTES = 64 * 2**20  # the combine's gathered copies at a time (any device: bytes not held)
+
+
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the k copies are weighted and summed in: fp32, or wider when the activations are."""
     return torch.promote_types(dtype, torch.float32)
@@ -55,12 +58,20 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def sum_copies(rows: torch.Tensor, inverse: torch.Tensor, top_k: int,
                weights: torch.Tensor | None = None) -> torch.Tensor:
     """rows [T*k, W] in expert-sorted order (copy t*k + s at row inverse[t*k + s]) -> [T, W]: each token's k
-    rows weighted by weights [T, k] in the accumulation dtype, or plainly summed in rows' dtype."""
-    copies = rows.index_select(0, inverse).view(-1, top_k, rows.shape[1])
-    if weights is None:
-        return copies.sum(dim=1)
-    acc = accumulation_dtype(rows.dtype)
-    return torch.bmm(weights.to(acc).unsqueeze(1), copies.to(acc)).squeeze(1)
+    rows weighted by weights [T, k] in the accumulation dtype, or plainly summed in rows' dtype. The copies
+    are gathered COMBINE_CHUNK_BYTES at a time (no second [T*k, W] tensor)."""
+    num_tokens, width = inverse.numel() // top_k, rows.shape[1]
+    acc = rows.dtype if weights is None else accumulation_dtype(rows.dtype)
+    step = max(1, COMBINE_CHUNK_BYTES // (top_k * width * torch.finfo(acc).bits // 8))
+    parts = []
+    for start in range(0, max(num_tokens, 1), step):
+        stop = min(start + step, num_tokens)
+        copies = rows.index_select(0, inverse[start * top_k:stop * top_k]).view(-1, top_k, width)
+        if weights is None:
+            parts.append(copies.sum(dim=1))
+        else:
+            parts.append(torch.bmm(weights[start:stop].to(acc).unsqueeze(1), copies.to(acc)).squeeze(1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def reference_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
@@ -74,27 +85,37 @@ def reference_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, d
     return torch.cat(outs, dim=0) if outs else rows.new_zeros(rows.shape)
 
 
-def _swiglu_forward(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                    offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rows [N, H] sorted by expert (int32 offsets [E]: run ends) -> (y [N, H], gate x [N, I], up x [N, I])."""
+def _gather(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """x [T, H] -> x[index] [N, H] (x itself, contiguous, when index is None)."""
+    if index is None:
+        return x if x.stride() == (x.shape[1], 1) else x.new_empty(x.shape).copy_(x)  # e.g. an expanded grad
+    return x.index_select(0, index)
+
+
+def _swiglu_forward(x: torch.Tensor, index: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor,
+                    down: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rows = x[index] (or x) [N, H] sorted by expert (int32 offsets [E]: run ends) -> (y [N, H], gate x
+    [N, I], up x [N, I]); the gathered rows are freed before the down projection."""
+    rows = _gather(x, index)
     g = torch._grouped_mm(rows, gate.transpose(-2, -1), offs=offsets)
     u = torch._grouped_mm(rows, up.transpose(-2, -1), offs=offsets)
+    del rows
     return torch._grouped_mm(F.silu(g).mul_(u), down.transpose(-2, -1), offs=offsets), g, u
 
 
-def _swiglu_backward(grad_y: torch.Tensor, rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                     down: torch.Tensor, offsets: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
+def _swiglu_backward(grad: torch.Tensor, x: torch.Tensor, index: torch.Tensor | None, gate: torch.Tensor,
+                     up: torch.Tensor, down: torch.Tensor, offsets: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
                      needs: tuple[bool, ...],
                      row_weight: torch.Tensor | None = None) -> list[torch.Tensor | None]:
-    """Gradients of (rows, row_weight, gate, up, down) of `_swiglu_forward`'s y, scaled per row by row_weight
-    [N, 1] when given, from grad_y [N, H] (the gradient of the unscaled rows' output). Overwrites g and u.
+    """Gradients of (rows, row_weight, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y, scaled per row
+    by row_weight [N, 1] when given, from grad[index] (or grad) [N, H], the gradient of the unscaled rows'
+    output. Overwrites g and u. Each H-wide gather (the rows' gradient, then the rows) is freed before the next.
 
     The row-weight gradient <grad_y, y_n> is taken as <down_e^T grad_y, hidden_n> (no y kept); row_weight is
     applied to the I-wide tensors, never to an H-wide one."""
     need_rows, need_w, need_gate, need_up, need_down = needs
     grad_w = grad_gate = grad_up = grad_down = grad_rows = None
-    if grad_y.stride() != (grad_y.shape[1], 1):  # expanded (e.g. from sum()) or empty with odd strides
-        grad_y = grad_y.new_empty(grad_y.shape).copy_(grad_y)
+    grad_y = _gather(grad, index)
     grad_hidden = torch._grouped_mm(grad_y, down, offs=offsets)  # [N, I]
     if need_w or need_down:
         hidden = F.silu(g).mul_(u)
@@ -106,16 +127,18 @@ def _swiglu_backward(grad_y: torch.Tensor, rows: torch.Tensor, gate: torch.Tenso
                 hidden.mul_(row_weight)
             grad_down = torch._grouped_mm(grad_y.t(), hidden, offs=offsets)  # [E, H, I]
         del hidden
+    del grad_y
     if row_weight is not None:
         grad_hidden.mul_(row_weight)
     grad_silu = grad_hidden * u
     torch.mul(grad_hidden, F.silu(g), out=u)  # u: d/d(up x)
     torch.ops.aten.silu_backward.grad_input(grad_silu, g, grad_input=g)  # g: d/d(gate x)
     del grad_silu, grad_hidden
-    if need_gate:
-        grad_gate = torch._grouped_mm(g.t(), rows, offs=offsets)  # [E, I, H]
-    if need_up:
-        grad_up = torch._grouped_mm(u.t(), rows, offs=offsets)
+    if need_gate or need_up:
+        rows = _gather(x, index)
+        grad_gate = torch._grouped_mm(g.t(), rows, offs=offsets) if need_gate else None  # [E, I, H]
+        grad_up = torch._grouped_mm(u.t(), rows, offs=offsets) if need_up else None
+        del rows
     if need_rows:
         grad_rows = torch._grouped_mm(g, gate, offs=offsets)  # [N, H]
         grad_rows += torch._grouped_mm(u, up, offs=offsets)
@@ -136,7 +159,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,  # noqa: ANN001
                 down: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        y, g, u = _swiglu_forward(rows, gate, up, down, offsets)
+        y, g, u = _swiglu_forward(rows, None, gate, up, down, offsets)
         ctx.save_for_backward(rows, gate, up, down, offsets, g, u)
         return y
 
@@ -146,7 +169,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         rows, gate, up, down, offsets, g, u = ctx.saved_tensors
         need_rows, need_gate, need_up, need_down, _ = ctx.needs_input_grad
         grad_rows, _, grad_gate, grad_up, grad_down = _swiglu_backward(
-            grad_y, rows, gate, up, down, offsets, g, u, (need_rows, False, need_gate, need_up, need_down))
+            grad_y, rows, None, gate, up, down, offsets, g, u, (need_rows, False, need_gate, need_up, need_down))
         return grad_rows, grad_gate, grad_up, grad_down, None
 
 
@@ -184,7 +207,7 @@ class _RoutedSwiGLU(torch.autograd.Function):
                 down: torch.Tensor, order: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         top_k = weights.shape[1]
         offsets = counts.cumsum(0).to(torch.int32)
-        y, g, u = _swiglu_forward(x.index_select(0, order // top_k), gate, up, down, offsets)
+        y, g, u = _swiglu_forward(x, order // top_k, gate, up, down, offsets)
         ctx.save_for_backward(x, weights, gate, up, down, order, offsets, g, u)
         return sum_copies(y, inverse_permutation(order), top_k, weights).to(x.dtype)
 
@@ -195,8 +218,8 @@ class _RoutedSwiGLU(torch.autograd.Function):
         top_k = weights.shape[1]
         tokens = order // top_k
         row_weight = weights.reshape(-1).index_select(0, order).unsqueeze(-1)  # [T*k, 1]
-        grads = _swiglu_backward(grad.index_select(0, tokens), x.index_select(0, tokens), gate, up, down,
-                                 offsets, g, u, tuple(ctx.needs_input_grad[:5]), row_weight)
+        grads = _swiglu_backward(grad, x, tokens, gate, up, down, offsets, g, u, tuple(ctx.needs_input_grad[:5]),
+                                 row_weight)
         grad_rows, grad_w = grads[0], grads[1]
         if grad_rows is not None:
             grads[0] = sum_copies(grad_rows, inverse_permutation(order), top_k).to(x.dtype)

@@ -11,14 +11,13 @@ from lumina.data.batch import PackedBatch
 from lumina.data.roles import IGNORE_INDEX, TokenType
 from lumina.model.backbone import Backbone
 from lumina.model.channel_head import MultiCodebookHead, SampleFn
+from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads
 from lumina.model.layers import check_finite
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
 from lumina.model.supervision import supervised_rows
-
-CHANNEL_CHECKPOINT_ROWS = 128  # image rows per checkpointed chunk of the channel head (policies full, selective)
 
 
 class LuminaModel(nn.Module):
@@ -34,6 +33,7 @@ class LuminaModel(nn.Module):
             Head(config.hidden_size, config.codebook_size, std, chunk, check, "image logits")
             for _ in range(config.num_codebooks))
         self.multi_codebook_head = MultiCodebookHead(config)
+        apply_checkpointing(self, config.gradient_checkpointing)
 
     # ---- construction helpers ----
     @torch.no_grad()
@@ -160,8 +160,7 @@ class LuminaModel(nn.Module):
 
         flat = hidden.reshape(-1, hidden.shape[-1])
         forced_rows = image_rows if batch.labels is not None else image_rows[:0]
-        checkpoint_rows = CHANNEL_CHECKPOINT_ROWS if self.model.gradient_checkpointing != "none" else 0
-        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1], checkpoint_rows)
+        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1])
         check_finite(check, "channel head", states)
 
         batch_size, seq = hidden.shape[:2]

@@ -63,9 +63,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.linear_ce import auto_chunk_rows
-from lumina.model.lumina_model import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.params import ParameterCounts, parameter_counts
 from lumina.model.supervision import PackRows
 

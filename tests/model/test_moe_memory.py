@@ -221,3 +221,21 @@ def test_router_equals_the_plain_composition_to_the_bit_and_keeps_no_wide_tensor
     assert sorted(shape for shape, _ in saved.values()) == sorted([(37, cfg.hidden_size), (37, top_k), (37, top_k)]
                                                                   + ([(37, 1)] if top_k > 1 else []))
     assert x.untyped_storage().data_ptr() in saved
+
+
+def test_the_combine_in_token_chunks_equals_it_whole_to_the_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sum_copies` gathers the copies COMBINE_CHUNK_BYTES at a time (forward and backward of the fused
+    path): one token per chunk gives the same outputs and gradients as one chunk."""
+    from lumina.model import experts
+
+    cfg = LuminaConfig.tiny(**REF)
+    torch.manual_seed(0)
+    moe = MoE(cfg)
+    x = torch.randn(1, 9, cfg.hidden_size, requires_grad=True)
+    results = []
+    for chunk_bytes in (2**30, 1):
+        monkeypatch.setattr(experts, "COMBINE_CHUNK_BYTES", chunk_bytes)
+        y = moe(x)[0]
+        results.append([y, *torch.autograd.grad(y.square().sum(), [x, *moe.parameters()])])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
