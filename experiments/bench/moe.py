@@ -11,6 +11,14 @@ All are measured round-robin in one process so machine load hits them alike.
 
 Each candidate's step starts by setting its parameters' gradients to None, as `optimizer.zero_grad()` does.
 
+Measured 2026-12-02 after one routed-experts computation (one grouped SwiGLU for the local and the expert-parallel
+path, the CPU block path deleted, the entry points' glibc heap setting), against 7ebad05 with
+`against.py --ref 7ebad05 --script-here ... --candidates lumina --repeats 3`, medians of 5 interleaved processes
+each, on the 2-core CPU while other jobs kept its load average near 10 (the single runs spread 2-4x):
+  2 threads: 19.0 s vs 26.8 s per fwd+bwd (0.71x); 1 thread: 4.50 s vs 6.23 s (0.72x).
+  Quieter, 1 thread, CPU time of the layer (median of 5): before 1.13 s; after without the heap setting 1.47 s,
+  with it 0.95 s (the page faults of fresh [T*k, H] tensors were what the block path avoided).
+
 Measured 2026-12-01 after the fused local path (`LocalDispatcher.run_experts`: gather -> grouped SwiGLU ->
 weighted combine in one autograd Function that keeps no [T*k, H] tensor), 2 threads, median of 7:
   back to back on a quiet machine: before 775 ms (1.18x the T*k-copies floor), after 674 ms (0.99x);
