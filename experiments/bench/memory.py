@@ -5,7 +5,7 @@ path against the previous commit's.
         [--budget-gib 20] [--baseline-ref 3b24575] [--compare-seq-len 2048] [--compare-repeats 3]
         [--skip-compare] [--warm-steps 0] [--threads 0] [--timeout-s 0]
 
-Model: `LuminaConfig.official(...)` at the small configuration (`lumina.training.step_memory.SMALL_CONFIG`):
+Model: `LuminaConfig.official(...)` at the small configuration (`step_memory.SMALL_CONFIG`):
 hidden 256, 4 layers (layer 0 dense, intermediate 1024), 8 / 2 attention heads of 32 dims (rotary 16),
 64 experts top-8 in 8 groups / 4 chosen, moe_intermediate 128, one shared expert, with the official
 vocabulary and heads (157,184 words, 8 codebooks x 4,096 codes, the channel head at its defaults); fp32,
@@ -14,7 +14,7 @@ text-QA and text-to-image samples, laid out with block-diffusion metadata and pa
 (`world_pack`; its image tokenizer has 8 codebooks of 64 codes). One step = zero_grad, forward,
 `LuminaObjective`, backward, SGD step.
 
-Each measurement is a fresh child process (`--child`, which runs `lumina/training/step_memory.py`): it
+Each measurement is a fresh child process (`--child`, which runs `experiments/bench/step_memory.py`): it
 builds the model and the pack, then measures the rise of peak RSS (VmHWM, reset after setup) over the RSS
 after setup during the first, cold step (`measure_step`), and its wall time; with --warm-steps N the step
 time reported is the median of N more steps. "est." is `estimate_step_memory(...).step_rise` for the same
@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-STEP_MEMORY = REPO / "lumina" / "training" / "step_memory.py"
+STEP_MEMORY = Path(__file__).resolve().parent / "step_memory.py"
 MIB = 2**20
 GIB = 2**30
 OOM_MARKERS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "out of memory")
@@ -110,7 +110,7 @@ class ChildResult:
 
 
 def load_step_memory():  # noqa: ANN201 - a module
-    """lumina/training/step_memory.py of this checkout, loaded by path (so `lumina` itself may come from
+    """experiments/bench/step_memory.py of this checkout, loaded by path (so `lumina` itself may come from
     another checkout on PYTHONPATH)."""
     import importlib.util
 
@@ -195,12 +195,13 @@ def _last_line(text: str) -> str:
 def estimate_mib(result: ChildResult) -> float:
     """`estimate_step_memory(...).step_rise` (SGD) for the child's config and pack rows, in MiB."""
     from lumina.model import LuminaConfig
-    from lumina.training.memory_estimate import PackRows, estimate_step_memory
+    from lumina.model.supervision import PackRows
+    from lumina.training.memory_estimate import estimate_step_memory
 
     record = result.record
-    rows = {key: value for key, value in record["rows"].items() if key != "seq_len"}
     config = LuminaConfig.official(**record["config"])
-    estimate = estimate_step_memory(config, result.seq_len, result.policy, PackRows(**rows), optimizer="sgd")
+    estimate = estimate_step_memory(config, result.seq_len, result.policy, PackRows(**record["rows"]),
+                                    optimizer="sgd")
     return estimate.step_rise / MIB
 
 
@@ -274,7 +275,7 @@ def compare_step_time(args: argparse.Namespace) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--child", action="store_true", help="run one measurement (lumina.training.step_memory)")
+    parser.add_argument("--child", action="store_true", help="run one measurement (step_memory.py)")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
     parser.add_argument("--policies", nargs="+", default=["none", "full", "selective"],
                         choices=["none", "full", "selective"])

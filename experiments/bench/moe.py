@@ -11,6 +11,14 @@ All are measured round-robin in one process so machine load hits them alike.
 
 Each candidate's step starts by setting its parameters' gradients to None, as `optimizer.zero_grad()` does.
 
+Measured 2026-12-02 after one routed-experts computation (one grouped SwiGLU for the local and the expert-parallel
+path, the CPU block path deleted, the entry points' glibc heap setting), against 7ebad05 with
+`against.py --ref 7ebad05 --script-here ... --candidates lumina --repeats 3`, medians of 5 interleaved processes
+each, on the 2-core CPU while other jobs kept its load average near 10 (the single runs spread 2-4x):
+  2 threads: 19.0 s vs 26.8 s per fwd+bwd (0.71x); 1 thread: 4.50 s vs 6.23 s (0.72x).
+  Quieter, 1 thread, CPU time of the layer (median of 5): before 1.13 s; after without the heap setting 1.47 s,
+  with it 0.95 s (the page faults of fresh [T*k, H] tensors were what the block path avoided).
+
 Measured 2026-12-01 after the fused local path (`LocalDispatcher.run_experts`: gather -> grouped SwiGLU ->
 weighted combine in one autograd Function that keeps no [T*k, H] tensor), 2 threads, median of 7:
   back to back on a quiet machine: before 775 ms (1.18x the T*k-copies floor), after 674 ms (0.99x);
@@ -77,6 +85,9 @@ def boolean_mask_moe(moe: MoE, official: OfficialExperts, x: torch.Tensor) -> to
     return weighted.sum(dim=1).to(x.dtype)
 
 
+CANDIDATES = ("lumina", "boolean-mask loop", "dense, T*k copies", "dense, k*I wide")
+
+
 def fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grad: torch.Tensor,
             params: list[nn.Parameter]) -> Callable[[], None]:
     """One training step's forward+backward of `fn` from a fresh leaf copy of x, timed to the end of its device
@@ -97,7 +108,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES,
+                        help="which paths to time (the ratios print where both sides ran)")
     args = parser.parse_args()
+    try:
+        from lumina.cli.heap import keep_freed_heap_memory
+    except ImportError:  # a lumina that predates the entry points' heap setting (run against an older commit)
+        heap = False
+    else:
+        heap = keep_freed_heap_memory()
+    print(f"glibc heap kept for reuse: {heap}")
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -132,16 +152,19 @@ def main() -> None:
     with torch.no_grad():  # the two MoE paths compute the same function
         tolerance = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(lumina_path(x), loop_path(x), rtol=tolerance, atol=tolerance)
-    med = interleaved_medians({name: fwd_bwd(*c) for name, c in candidates.items()}, args.repeats)
+    chosen = {name: fwd_bwd(*candidates[name]) for name in args.candidates}
+    med = interleaved_medians(chosen, args.repeats)
     print(f"one MoE layer fwd+bwd: E={cfg.num_experts} top-{cfg.num_experts_per_tok} "
           f"groups {cfg.n_group}/{cfg.topk_group} H={cfg.hidden_size} I={cfg.moe_intermediate_size} "
           f"tokens={args.tokens} backend={args.backend} {args.device} {args.dtype} threads={torch.get_num_threads()} "
           f"(median of {args.repeats})")
     for name, seconds in med.items():
         print(f"  {name:20s} {seconds * 1e3:9.1f} ms")
-    print(f"  speed-up vs boolean-mask loop:    {med['boolean-mask loop'] / med['lumina']:.2f}x (goal >= 5)")
+    if {"lumina", "boolean-mask loop"} <= med.keys():
+        print(f"  speed-up vs boolean-mask loop:    {med['boolean-mask loop'] / med['lumina']:.2f}x (goal >= 5)")
     for floor in ("dense, T*k copies", "dense, k*I wide"):
-        print(f"  lumina / {floor + ':':21s} {med['lumina'] / med[floor]:.2f}x (goal <= 1.25)")
+        if {"lumina", floor} <= med.keys():
+            print(f"  lumina / {floor + ':':21s} {med['lumina'] / med[floor]:.2f}x (goal <= 1.25)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ all-to-all volume of the attention exchange per layer.
     python experiments/bench/sequence_parallel.py [--seq-len 16384] [--sp 1 2] [--policy full]
         [--warm-steps 0] [--timeout-s 3600]
 
-Model: the memory benchmark's small configuration (`lumina.training.step_memory.SMALL_CONFIG`: hidden 256,
+Model: the memory benchmark's small configuration (`step_memory.SMALL_CONFIG`: hidden 256,
 4 layers, 8 / 2 heads of 32 dims, 64 experts top-8, the official vocabulary and heads), fp32, attention
 backend segmented, gradient checkpointing `--policy`. Both ranks get the same pack of S tokens of the built-in
 world (`world_pack`): at sp = 1 each rank runs the whole pack (two data-parallel ranks), at sp = 2 each rank
@@ -52,13 +52,13 @@ def rank_main(args: argparse.Namespace) -> None:
     """One rank: build, shard, count one forward's all-to-all bytes, measure one step; print a JSON line."""
     import torch
     import torch.distributed as dist
+    from step_memory import SMALL_CONFIG, measure_step, pack_rows, policy_fields, world_pack
 
     from lumina.distributed import ParallelConfig, build_meshes, parallelize
     from lumina.distributed.plan import OFFICIAL_PLAN
     from lumina.distributed.sequence import SequenceShard, UlyssesAttention
     from lumina.model import LuminaConfig, LuminaModel
     from lumina.objective import LuminaObjective
-    from lumina.training.step_memory import SMALL_CONFIG, measure_step, pack_rows, policy_fields, world_pack
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

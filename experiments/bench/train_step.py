@@ -4,7 +4,7 @@ a GEMM probe measured in the same process; variants side by side (A/B), and wher
     python experiments/bench/train_step.py [--seq-len 2048] [--steps 5] [--threads 1]
         [--variants today adamw_loop moe_loop] [--check-flops] [--profile]
 
-Model: `LuminaConfig.official(**SMALL_CONFIG)` (`lumina.training.step_memory`: hidden 256, 4 layers, 64
+Model: `LuminaConfig.official(**SMALL_CONFIG)` (`step_memory.py`: hidden 256, 4 layers, 64
 experts top-8, the official 157,184-word head and 8 x 4,096-code heads, the channel head at its defaults; fp32,
 attn_backend segmented). Batch: `world_pack(S)`, the pack `experiments/bench/memory.py` measures (text-QA and
 text-to-image samples of the built-in world in a random order). One step = zero_grad, forward,
@@ -59,11 +59,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from step_memory import SMALL_CONFIG, world_pack  # noqa: E402
+
+from lumina.cli.heap import keep_freed_heap_memory  # noqa: E402
 from lumina.model import LuminaConfig, LuminaModel  # noqa: E402
-from lumina.model.flops import forward_flops, pack_counts, training_flops  # noqa: E402
+from lumina.model.flops import forward_flops, pack_attention_pairs, training_flops  # noqa: E402
+from lumina.model.supervision import PackRows  # noqa: E402
 from lumina.objective import LuminaObjective  # noqa: E402
 from lumina.training.optim import OptimConfig, build_optimizer  # noqa: E402
-from lumina.training.step_memory import SMALL_CONFIG, world_pack  # noqa: E402
 from lumina.training.throughput import gemm_probe_tflops  # noqa: E402
 
 VARIANTS: dict[str, tuple[dict, dict]] = {  # name -> (LuminaConfig fields, OptimConfig fields)
@@ -109,16 +112,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check-flops", action="store_true", help="also count one step with FlopCounterMode")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of the first")
     args = parser.parse_args(argv)
+    print(f"glibc heap kept for reuse: {keep_freed_heap_memory()}", flush=True)
     torch.set_num_threads(args.threads)
 
     batch = world_pack(args.seq_len, SMALL_CONFIG.get("num_codebooks", 8))
     base = LuminaConfig.official(**SMALL_CONFIG, attn_backend="segmented")
-    counts = pack_counts(batch, "segmented")
-    flops = training_flops(base, counts)
-    parts = forward_flops(base, counts)
+    rows, pairs = PackRows.of(batch), pack_attention_pairs(batch, "segmented")
+    flops = training_flops(base, rows, pairs)
+    parts = forward_flops(base, rows, pairs)
     share = ", ".join(f"{name} {value / sum(parts.values()):.1%}" for name, value in
                       sorted(parts.items(), key=lambda item: -item[1])[:5])
-    print(f"S={args.seq_len}: {counts.text_rows} text / {counts.image_rows} image rows supervised; "
+    print(f"S={args.seq_len}: {rows.text} text / {rows.image} image rows supervised; "
           f"{flops / 1e9:.2f} GFLOP per step ({share}); {args.threads} thread(s)", flush=True)
     if args.check_flops:
         print(f"FlopCounterMode: {counted_flops(base, batch) / 1e9:.2f} GFLOP", flush=True)

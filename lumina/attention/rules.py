@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 from lumina.attention.bounds import resolve_seg_bounds
+from lumina.data.roles import TokenType
 
-TEXT_PROMPT, MEDIA_PROMPT, TEXT_ANSWER, IMAGE_ANSWER = 1, 2, 3, 4
+# plain ints: the rule is also traced into flex-attention's compiled mask_mod
+TEXT_PROMPT, TEXT_ANSWER, IMAGE_ANSWER = (int(t) for t in (TokenType.TEXT, TokenType.TEXT_ANSWER, TokenType.IMAGE_ANSWER))
 
 
 def simple_rules(cq: torch.Tensor, ck: torch.Tensor, tq: torch.Tensor, tk: torch.Tensor) -> torch.Tensor:

@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import torch
-
-if TYPE_CHECKING:
-    from lumina.attention.spec import AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -34,14 +28,3 @@ def group_runs(bounds: tuple[int, ...]) -> tuple[Run, ...]:
         else:
             runs.append(Run(start, length, 1))
     return tuple(runs)
-
-
-def run_allowed(spec: AttentionSpec, run: Run) -> torch.Tensor:
-    """[m, 1, L, L] bool rule slices of the run's m segments."""
-    starts = range(run.start, run.start + run.size, run.length)
-    return torch.stack([spec.allowed(slice(s, s + run.length), slice(s, s + run.length)) for s in starts])
-
-
-def plain_flags(spec: AttentionSpec) -> torch.Tensor:
-    """[n_runs] bool on device: the rule allows every pair inside every segment of the run."""
-    return torch.stack([run_allowed(spec, run).all() for run in spec.runs])

@@ -16,7 +16,7 @@ import torch
 
 from lumina.attention.bounds import check_bounds, resolve_seg_bounds
 from lumina.attention.rules import rules_allow, segment_ids
-from lumina.attention.runs import Run, group_runs, plain_flags
+from lumina.attention.runs import Run, group_runs
 from lumina.data.batch import PackedBatch
 
 BACKENDS = ("sdpa_dense", "segmented", "flex", "flash_varlen")
@@ -62,6 +62,15 @@ class AttentionSpec:
     @property
     def lengths(self) -> tuple[int, ...]:
         return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
+
+    def run_allowed(self, run: Run) -> torch.Tensor:
+        """[m, 1, L, L] bool rule slices of the run's m segments."""
+        starts = range(run.start, run.start + run.size, run.length)
+        return torch.stack([self.allowed(slice(s, s + run.length), slice(s, s + run.length)) for s in starts])
+
+    def plain_flags(self) -> torch.Tensor:
+        """[n_runs] bool on device: the rule allows every pair inside every segment of the run."""
+        return torch.stack([self.run_allowed(run).all() for run in self.runs])
 
     def allowed(self, rows: slice, cols: slice) -> torch.Tensor:
         """[1, len(rows), len(cols)] bool: query rows may attend key cols (segment, validity and rules).
@@ -165,5 +174,5 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
                          "tail padding must be invalid")
     spec.full_rules, spec.num_invalid = bool(any_block), int(num_invalid)
     if backend in PLAN_BACKENDS:  # no host read is left for the layers
-        spec.run_plain = tuple(bool(p) for p in plain_flags(spec).tolist())
+        spec.run_plain = tuple(bool(p) for p in spec.plain_flags().tolist())
     return spec

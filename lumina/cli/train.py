@@ -4,8 +4,9 @@ Configuration mistakes end the process with one line on stderr and exit status 2
 for the full traceback instead. In a multi-process job every rank exits with that status, the line comes
 from rank 0 only (the configuration is the same on every rank), and the process group is shut down first,
 so no rank aborts at interpreter exit; a failed participation check, and a data-store read that failed after
-its retries (`lumina.data.fs.StoreError`), are reported the same way (status 1). `estimate_memory=true` prints the step-memory estimate of the composed config
-instead of training (`lumina.training.memory_estimate.report_memory`): exit status 0, or 2 with one error
+its retries (`lumina.data.fs.StoreError`), are reported the same way (status 1). `estimate_memory=true` prints the
+step-memory estimate of the composed config instead of training (`lumina.cli.memory.report_memory`): exit status 0,
+or 2 with one error
 line when it exceeds `memory_budget_gib`."""
 
 from __future__ import annotations
@@ -62,11 +63,15 @@ def main() -> None:
     import hydra
     from omegaconf import DictConfig
 
+    from lumina.cli.heap import keep_freed_heap_memory
+
+    keep_freed_heap_memory()
+
     failures: list[BaseException] = []  # configuration errors of the jobs (one per job in a multirun)
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _app(cfg: DictConfig) -> None:
-        from lumina.training.memory_estimate import memory_budget_gib, report_memory
+        from lumina.cli.memory import memory_budget_gib, report_memory
         from lumina.training.run import run
 
         try:

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from lumina.data.roles import IGNORE_INDEX, TokenType
+
 _FLOAT_EXACT_LIMIT = 2**24  # float32 holds every integer below this exactly
-LABEL_IGNORE = -100
 # per-row fields of a tail-padding row (token_valid false: attends nothing, supervises nothing)
 TAIL_FILL: dict[str, int | float | bool] = {
-    "labels": LABEL_IGNORE, "type_ids": 0, "turn_ids": 0, "block_ids": -1, "position_ids": 0,
+    "labels": IGNORE_INDEX, "type_ids": TokenType.PAD, "turn_ids": 0, "block_ids": -1, "position_ids": 0,
     "is_clean": False, "token_valid": False, "noise_t": 0.0, "answer_mask": False,
 }
 ROW_FIELDS = ("input_ids", "labels", *(name for name in TAIL_FILL if name != "labels"))  # [1, S, ...] fields
@@ -61,6 +62,23 @@ def as_int64(name: str, t: torch.Tensor) -> torch.Tensor:
                                  f"e.g. {t[too_big][:4].tolist()}")
         return t.long()
     raise ValueError(f"{name} has dtype {t.dtype}; expected an integer tensor")
+
+
+def _row_length(t: torch.Tensor) -> int | None:
+    """S of a per-row field given as [S], [1, S], [S, C] or [1, S, C] (None for other shapes)."""
+    if t.dim() == 1:
+        return t.shape[0]
+    if t.dim() == 2:
+        return t.shape[1] if t.shape[0] == 1 else t.shape[0]
+    return t.shape[1] if t.dim() == 3 and t.shape[0] == 1 else None
+
+
+def check_row_lengths(fields: dict[str, torch.Tensor | None]) -> None:
+    """Per-row fields of one batch must agree on S: else one ValueError naming each field and its length."""
+    lengths = {name: _row_length(t) for name, t in fields.items() if isinstance(t, torch.Tensor)}
+    if len({n for n in lengths.values() if n is not None}) > 1:
+        listed = ", ".join(f"{name} {n}" for name, n in lengths.items() if n is not None)
+        raise ValueError(f"PackedBatch fields disagree in length (rows S): {listed}")
 
 
 def as_row(name: str, t: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
@@ -123,6 +141,7 @@ class PackedBatch:
     window_start: int = 0
 
     def __post_init__(self) -> None:
+        check_row_lengths({name: getattr(self, name) for name in ROW_FIELDS})
         self.type_ids = as_int64("type_ids", as_row("type_ids", self.type_ids))
         seq_len = self.type_ids.shape[1]
         self.input_ids = as_token_grid("input_ids", self.input_ids, seq_len)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from lumina.data.roles import IGNORE_INDEX as IGNORE
+from lumina.data.roles import TokenType
 from lumina.data.schema import Media, Part, Text
 from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 
-TYPE_PAD, TYPE_TEXT, TYPE_MEDIA, TYPE_TEXT_ANSWER, TYPE_IMAGE_ANSWER = 0, 1, 2, 3, 4
-IGNORE = -100
+TYPE_PAD, TYPE_TEXT, TYPE_MEDIA, TYPE_TEXT_ANSWER, TYPE_IMAGE_ANSWER = TokenType
 
 
 def make_piece(ids: torch.Tensor, type_ids: torch.Tensor, turn: int, positions: torch.Tensor,

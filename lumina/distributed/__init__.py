@@ -6,13 +6,11 @@ from lumina.distributed.dcp_io import load_dcp_weights
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import export_hf, full_state_dict, load_hf_sharded
-from lumina.distributed.memory import RankBytes, per_rank_parameters
 from lumina.distributed.mesh import Meshes, build_meshes
 from lumina.distributed.parallelize import Parallelized, materialise, parallelize
 from lumina.distributed.participation import (
     ParticipationError,
     ParticipationTracker,
-    detach_empty_outputs,
     tracked_modules,
 )
 from lumina.distributed.plan import OFFICIAL_PLAN, PlanError, PlanRule, parse_plan, resolve_plan
@@ -22,7 +20,7 @@ from lumina.distributed.strategy import FSDP2ExpertParallelStrategy, MeshAwarePr
 __all__ = [
     "OFFICIAL_PLAN", "AllToAllDispatcher", "FSDP2ExpertParallelStrategy", "MeshAwarePrecision", "Meshes",
     "ParallelConfig", "Parallelized", "ParticipationError", "ParticipationTracker", "PlanError", "PlanRule",
-    "RankBytes", "ResolvedSizes", "ShardedGroupedExperts", "build_meshes", "clip_grad_norm",
-    "detach_empty_outputs", "export_hf", "load_dcp_weights", "full_state_dict", "load_hf_sharded", "materialise", "parallelize",
-    "parse_plan", "per_rank_parameters", "resolve_plan", "total_grad_norm", "tracked_modules",
+    "ResolvedSizes", "ShardedGroupedExperts", "build_meshes", "clip_grad_norm",
+    "export_hf", "load_dcp_weights", "full_state_dict", "load_hf_sharded", "materialise", "parallelize",
+    "parse_plan", "resolve_plan", "total_grad_norm", "tracked_modules",
 ]

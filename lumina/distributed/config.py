@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
+# keys that went away, and what to use instead
+REMOVED = {
+    "activation_checkpointing": "model.config.gradient_checkpointing=full (the one checkpointing knob)",
+    "conditional_rule": "nothing: every conditional module always joins every rank's graph",
+}
 
 
 @dataclass
@@ -20,12 +27,8 @@ class ParallelConfig:
                 parallel size is world // sp.
     param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = keep fp32 compute). When set,
                 the trainer must run "32-true" precision (no Lightning autocast on top).
-    activation_checkpointing: the model's gradient_checkpointing policy `none` becomes `full` (each decoder
-                layer recomputed in backward, the router's top-k replayed); `selective` / `full` stay.
     participation_check: before backward, ranks compare which conditional modules joined the graph and
                 raise naming the modules and ranks on a mismatch.
-    conditional_rule: the once-per-micro-batch rule (every conditional module joins every rank's graph);
-                false reproduces the seed's behaviour (an empty modality is left out of backward) for tests.
     timeout_s:  process-group timeout: a dead or diverged rank ends the job with an error after this long.
     """
 
@@ -35,10 +38,19 @@ class ParallelConfig:
     sp: int = 1
     param_dtype: str | None = None
     reduce_dtype: str = "float32"
-    activation_checkpointing: bool = False
     participation_check: bool = True
-    conditional_rule: bool = True
     timeout_s: float = 1800.0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ParallelConfig:
+        """From `strategy.parallel`: a removed or unknown key raises ValueError naming it (and what to use)."""
+        for key in values:
+            if key in REMOVED:
+                raise ValueError(f"strategy.parallel.{key} was removed; use {REMOVED[key]}")
+            if key not in {f.name for f in fields(cls)}:
+                raise ValueError(f"strategy.parallel.{key}: unknown key (expected one of "
+                                 f"{[f.name for f in fields(cls)]})")
+        return cls(**values)
 
     def __post_init__(self) -> None:
         for name in ("replicate", "ep", "sp"):

@@ -5,9 +5,6 @@ a rank whose batch lacked a modality and skipped the module's backward leaves th
 collective that names nothing. `ParticipationTracker` records, per forward, the conditional modules whose
 output requires grad; `check` (before backward) all-gathers the records and, on a mismatch, raises the
 same `ParticipationError` on every rank, naming the modules and the ranks that did and did not take part.
-
-`detach_empty_outputs` reproduces the seed's behaviour for tests: a conditional module that ran on zero rows
-contributes nothing to autograd (what a rank-conditional head amounts to).
 """
 
 from __future__ import annotations
@@ -16,8 +13,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-
-from lumina.model.linear_ce import HeadLoss
 
 
 class ParticipationError(RuntimeError):
@@ -92,15 +87,3 @@ class ParticipationTracker:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-
-
-def detach_empty_outputs(modules: dict[str, nn.Module]) -> list[RemovableHandle]:
-    """Switch the once-per-micro-batch rule off (the seed's behaviour): a module that ran on zero rows
-    returns a detached output, so its parameters get no gradient on that rank."""
-    def hook(module: nn.Module, args: object, output: object) -> object:
-        if isinstance(output, torch.Tensor) and output.numel() == 0:
-            return output.detach()
-        if isinstance(output, HeadLoss) and output.per_row.numel() == 0:  # a head's fused loss on no rows
-            return HeadLoss(*(t.detach() for t in output))
-        return None
-    return [module.register_forward_hook(hook) for module in modules.values()]

@@ -35,14 +35,14 @@ class ShardedGroupedExperts(nn.Module):
             raise ValueError(f"expert projections must be sharded on dim 0 (the expert dim), got {dims}")
         self.num_experts = num_experts
         self.num_local_experts = num_experts // ep
-        self.expert_offset = mesh[ep_dim].get_local_rank() * self.num_local_experts
         self.backend = experts.backend
         self.std = experts.std
         ep_index = mesh.mesh_dim_names.index(ep_dim)
         self.placements = tuple(Shard(0) if i == ep_index else Replicate() for i in range(mesh.ndim))
+        first = mesh[ep_dim].get_local_rank() * self.num_local_experts  # this rank's first expert
         for name in PROJECTIONS:
             full = getattr(experts, name)
-            local = full.detach()[self.expert_offset:self.expert_offset + self.num_local_experts].clone()
+            local = full.detach()[first:first + self.num_local_experts].clone()
             dtensor = DTensor.from_local(local, mesh, self.placements, run_check=False,
                                          shape=full.shape, stride=full.stride())
             self.register_parameter(name, nn.Parameter(dtensor, requires_grad=full.requires_grad))
@@ -55,7 +55,7 @@ class ShardedGroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor,
                 copies: RoutedCopies | None = None) -> torch.Tensor:
-        """x [N, H] grouped by local expert; tokens_per_expert int [E_local] -> [N, H]. With `copies` (a
+        """x [N, H] sorted by local expert; tokens_per_expert int [E_local] -> [N, H]. With `copies` (a
         `LocalDispatcher` where the ep size is 1): x [T, H] tokens -> their weighted sum [T, H]."""
         check_tokens_per_expert(tokens_per_expert, self.num_local_experts)
         gate, up, down = (_local(getattr(self, name)) for name in PROJECTIONS)

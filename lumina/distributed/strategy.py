@@ -33,7 +33,7 @@ from lumina.distributed.hf import full_state_dict, load_hf_sharded
 from lumina.distributed.launch import cluster_environment
 from lumina.distributed.mesh import Meshes, build_meshes
 from lumina.distributed.parallelize import Parallelized, parallelize
-from lumina.distributed.participation import ParticipationTracker, detach_empty_outputs, tracked_modules
+from lumina.distributed.participation import ParticipationTracker, tracked_modules
 from lumina.distributed.plan import PlanRule, parse_plan
 from lumina.distributed.sequence import SequenceShard
 
@@ -58,7 +58,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
                  plan: Sequence[PlanRule | Mapping | str] | None = None, save_distributed_checkpoint: bool = True,
                  process_group_backend: str | None = None, **kwargs: Any) -> None:
         if isinstance(parallel, Mapping):
-            parallel = ParallelConfig(**dict(parallel))
+            parallel = ParallelConfig.from_mapping(dict(parallel))
         self.parallel = parallel or ParallelConfig()
         self.rules = parse_plan(plan)
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
@@ -130,10 +130,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         on_meta = any(t.is_meta for t in model.parameters())
         cfg = self.parallel
         conditional = tracked_modules(model.conditional_modules())
-        if not cfg.conditional_rule:
-            detach_empty_outputs(conditional)  # before FSDP's hooks: the seed's behaviour, for tests
-        if cfg.activation_checkpointing and model.model.gradient_checkpointing == "none":
-            model.model.gradient_checkpointing = "full"  # the backbone replays the routers' top-k itself
         self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
         if cfg.sp > 1:
             self.sequence_shard = SequenceShard(self.global_rank % cfg.sp, cfg.sp, model.config.pad_token_id)
@@ -164,8 +160,8 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
 
     # ---- checkpoints ----
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """DCP resume; the metadata file holds lumina's RNG states (numpy arrays), so it is unpickled in full
-        unless the caller asks for weights_only explicitly."""
+        """DCP resume; the metadata file is unpickled in full unless the caller asks for weights_only (lumina's
+        RNG record in it is described at `lumina.training.module.rng_state`)."""
         return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
 
     # ---- export ----

@@ -30,7 +30,7 @@ class GenerationAssets:
 
 def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float32") -> nn.Module:
     """An HF-layout checkpoint directory -> LuminaModel in eval mode on `device`, parameters in `dtype`."""
-    from lumina.training.model_factory import build_model
+    from lumina.checkpoint.model_factory import build_model
 
     directory = Path(checkpoint)
     if not (directory / "config.json").is_file():

@@ -8,14 +8,13 @@ import torch
 from torch import nn
 
 from lumina.attention import resolve_backend
-from lumina.model.checkpointing import Checkpointer
-from lumina.model.config import LuminaConfig, checkpoint_policy
+from lumina.model.checkpointing import Checkpointer, run_layer
+from lumina.model.config import LuminaConfig
 from lumina.model.decoder import DecoderLayer
 from lumina.model.layers import Embedding, Linear, RMSNorm
 from lumina.model.rotary import RotaryEmbedding
 from lumina.model.router import Router, Routing
-
-IMAGE_TYPES = (2, 4)  # rows whose C columns are image codes (media prompt, image answer)
+from lumina.model.supervision import is_image_code_row
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +36,8 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dims, config.rope_theta)
-        self.gradient_checkpointing = config.gradient_checkpointing
         self.checkpointer = Checkpointer(m for m in self.layers.modules() if isinstance(m, Router))
-
-    @property
-    def gradient_checkpointing(self) -> str:
-        """The policy `decode` applies (see LuminaConfig); settable, e.g. by a strategy (legacy bools too)."""
-        return self._checkpoint_policy
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, value: str | bool) -> None:
-        self._checkpoint_policy = checkpoint_policy(value, "Backbone.gradient_checkpointing")
+        self.run_layer = run_layer  # how `decode` calls each layer; set by `apply_checkpointing`
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """codes int64 [N, C] -> per-codebook embeddings [N, C, H] (one call of each `img_embeddings[c]`)."""
@@ -65,7 +55,7 @@ class Backbone(nn.Module):
         n_codebooks = cfg.num_codebooks
         flat_ids = input_ids.reshape(batch * seq, cols)
         flat_types = type_ids.reshape(batch * seq)
-        is_image = (flat_types == IMAGE_TYPES[0]) | (flat_types == IMAGE_TYPES[1])
+        is_image = is_image_code_row(flat_types)
         image_rows = is_image.nonzero().squeeze(1)
         text_rows = (~is_image).nonzero().squeeze(1)
         if cols != n_codebooks and (cols != 1 or image_rows.numel()):
@@ -96,21 +86,11 @@ class Backbone(nn.Module):
         h = embeds
         routings = []
         for layer in self.layers:
-            h, routing = self._run_layer(layer, h, cos, sin, spec)
+            h, routing = self.run_layer(layer, h, cos, sin, spec)
             if routing is not None:
                 layer.mlp.record_load(routing.topk_ids)  # outside the checkpoint: counted once per step
                 routings.append(routing)
         return self.norm(h), routings
-
-    def _run_layer(self, layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   spec: object) -> tuple[torch.Tensor, Routing | None]:
-        """h [B, S, H] -> one layer's (h [B, S, H], routing), checkpointed per policy while autograd records."""
-        policy = self.gradient_checkpointing if torch.is_grad_enabled() else "none"
-        if policy == "full":
-            return self.checkpointer(layer, h, cos, sin, spec)
-        if policy == "selective":
-            return layer(h, cos, sin, spec, run_ffn=self.checkpointer)
-        return layer(h, cos, sin, spec)
 
 
 def _check_range(name_a: str, a: torch.Tensor, limit_a: int, name_b: str, b: torch.Tensor, limit_b: int) -> None:

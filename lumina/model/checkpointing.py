@@ -1,5 +1,6 @@
-"""Activation checkpointing of the backbone (`LuminaConfig.gradient_checkpointing`), with every router's
-top-k replayed on recompute.
+"""Activation checkpointing (`LuminaConfig.gradient_checkpointing`), applied to a built model from outside its
+layers' code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on
+recompute.
 
 A recompute could select other experts than the forward did (another kernel, bf16 reductions, an expert bias
 changed in between); the dispatch would then split tokens differently from the saved activations.
@@ -16,10 +17,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
+from lumina.model.config import checkpoint_policy
 from lumina.model.router import Router, Routing
+
+CHANNEL_CHECKPOINT_ROWS = 128  # image rows per checkpointed chunk of the channel head (policies full, selective)
 
 
 class RoutingTape:
@@ -68,7 +73,6 @@ class Checkpointer:
 
     def __init__(self, routers: Iterable[Router]) -> None:
         self.tape: RoutingTape | None = None
-        self.replayed = 0  # router calls served from a tape in a recompute
         self.handles: list[RemovableHandle] = [r.register_forward_hook(self._route) for r in routers]
 
     def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -84,12 +88,45 @@ class Checkpointer:
         tape = self.tape
         if tape is None:
             return None
-        replaying = tape.cursor is not None
         ids = tape.take(routing.topk_ids)
-        self.replayed += int(replaying)
         weights = router.weigh(routing.logits.sigmoid(), ids)
         return Routing(logits=routing.logits, topk_ids=ids, topk_weights=weights)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+def run_layer(layer: nn.Module, *args: Any) -> Any:
+    """A decoder layer's plain call (policy none)."""
+    return layer(*args)
+
+
+class _RunCheckpointed:
+    """A decoder layer's call under `checkpointer` while autograd records: the whole layer (full) or its FFN
+    sub-block (selective, the layer's `run_ffn` seam)."""
+
+    def __init__(self, checkpointer: Checkpointer, whole_layer: bool) -> None:
+        self.checkpointer, self.whole_layer = checkpointer, whole_layer
+
+    def __call__(self, layer: nn.Module, *args: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return layer(*args)
+        if self.whole_layer:
+            return self.checkpointer(layer, *args)
+        return layer(*args, run_ffn=self.checkpointer)
+
+
+def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:
+    """Apply `policy` (none | full | selective, or a legacy bool) to a built `LuminaModel`: how its backbone
+    runs each decoder layer (`Backbone.run_layer`) and how many image rows the channel head recomputes at a
+    time (`MultiCodebookHead.checkpoint_rows`, CHANNEL_CHECKPOINT_ROWS under full and selective). Applying
+    again replaces the previous policy. Returns the policy applied."""
+    policy = checkpoint_policy(policy, "gradient_checkpointing")
+    backbone = model.model
+    if policy == "none":
+        backbone.run_layer = run_layer
+    else:
+        backbone.run_layer = _RunCheckpointed(backbone.checkpointer, whole_layer=policy == "full")
+    model.multi_codebook_head.checkpoint_rows = 0 if policy == "none" else CHANNEL_CHECKPOINT_ROWS
+    return policy

@@ -65,11 +65,13 @@ class LuminaConfig:
     Both full and selective also checkpoint the channel head, 128 image rows at a time: at about
     C * channel_depth * 20 * H floats per supervised image row it holds the most activations per row.
     Every router's top-k is replayed on recompute, so each policy gives the gradients of `none` exactly.
+    `LuminaModel` applies it when built (`lumina.model.checkpointing.apply_checkpointing`, which also changes
+    the policy of a built model).
 
     router_init: the from-scratch init of each router's `gate.weight`: "kaiming_uniform" (nn.Linear's default,
     what the official code gets) or "normal" (N(0, initializer_range), as torchtitan and Megatron initialise
     routers). The smaller normal init starts every expert's score near 0.5, so the expert bias, not the first
-    random weights, decides where tokens go at the start (README, "Expert balance")."""
+    random weights, decides where tokens go at the start (experiments/expert_balance.md)."""
 
     # --- official config.json (defaults = the released 16B-A1B file) ---
     architectures: list[str] = field(default_factory=lambda: ["LLaDA2MoeModelLM"])

@@ -23,31 +23,15 @@ Convention (what `torch.utils.flop_counter.FlopCounterMode` counts, and what MFU
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from lumina.attention import build_spec
 from lumina.data.batch import PackedBatch
 from lumina.model.config import LuminaConfig
+from lumina.model.supervision import PackRows
 
-IMAGE_INPUT_TYPES = (2, 4)
-TEXT_ANSWER, IMAGE_ANSWER = 3, 4
-IGNORE = -100
 SEGMENT_BACKENDS = ("segmented", "flash_varlen")
 ATTENTION_PARTS = ("attention_core", "channel_attention")  # 3.5 x forward in training; the other parts 3 x
-
-
-@dataclass(frozen=True)
-class PackCounts:
-    """What sets a pack's FLOPs: positions through the backbone, image input rows, supervised text and image
-    rows, and the attention (query, key) pairs its backend computes."""
-
-    rows: int
-    image_input_rows: int
-    text_rows: int
-    image_rows: int
-    attention_pairs: int
 
 
 def segment_lengths(batch: PackedBatch) -> list[int]:
@@ -77,62 +61,62 @@ def attention_pairs(batch: PackedBatch, backend: str) -> int:
                      "flash_varlen or flex; resolve 'auto' first)")
 
 
-def pack_counts(batch: PackedBatch, backend: str) -> PackCounts:
-    """The counts of one pack as `LuminaModel.forward` selects rows (one host read). A window of a pack
-    (sequence parallelism) counts its own rows and its share of the pack's attention: every rank of the group
-    attends over the whole pack with heads / sp, the pack's pairs x rows / pack rows per query head."""
-    types = batch.type_ids.reshape(-1)
-    image_inputs = (types == IMAGE_INPUT_TYPES[0]) | (types == IMAGE_INPUT_TYPES[1])
-    if batch.labels is None:
-        text = image = torch.zeros((), dtype=torch.long, device=types.device)
-    else:
-        labels = batch.labels.reshape(types.numel(), -1)
-        text = ((types == TEXT_ANSWER) & (labels[:, 0] != IGNORE)).sum()
-        image = ((types == IMAGE_ANSWER) & (labels != IGNORE).any(dim=1)).sum()
-    inputs, text, image = torch.stack([image_inputs.sum(), text, image]).tolist()
+def pack_attention_pairs(batch: PackedBatch, backend: str) -> int:
+    """`attention_pairs` of a pack; a window of a pack (sequence parallelism) gets its share: every rank of the
+    group attends over the whole pack with heads / sp, the pack's pairs x rows / pack rows per query head."""
     if batch.whole is None:
-        pairs = attention_pairs(batch, backend)
-    else:  # this window's share, rounded so that the windows' shares add up
-        total, start, stop = attention_pairs(batch.whole, backend), batch.window_start, batch.window_start + batch.seq_len
-        pairs = total * stop // batch.pack_len - total * start // batch.pack_len
-    return PackCounts(rows=types.numel(), image_input_rows=inputs, text_rows=text, image_rows=image,
-                      attention_pairs=pairs)
+        return attention_pairs(batch, backend)
+    total, start = attention_pairs(batch.whole, backend), batch.window_start
+    stop = start + batch.seq_len  # rounded so that the windows' shares add up
+    return total * stop // batch.pack_len - total * start // batch.pack_len
 
 
-def forward_flops(config: LuminaConfig, counts: PackCounts) -> dict[str, int]:
-    """Forward FLOPs of one pack by part: embed, attention (projections), attention_core (Q K^T and P V),
+def nominal_attention_pairs(rows: PackRows, backend: str) -> int:
+    """The pairs of a pack of `rows` in samples of rows.segment_len (those of `flex` are bounded by
+    `segmented`'s)."""
+    return rows.positions * (rows.positions if backend == "sdpa_dense" else rows.segment_len)
+
+
+def batch_flops(config: LuminaConfig, batch: PackedBatch, backend: str) -> int:
+    """`training_flops` of one pack (or window of a pack) as `LuminaModel.forward` selects its rows."""
+    return training_flops(config, PackRows.of(batch), pack_attention_pairs(batch, backend))
+
+
+def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str, int]:
+    """Forward FLOPs of one pack of `rows` whose attention computes `pairs` (query, key) pairs per query head,
+    by part: embed, attention (projections), attention_core (Q K^T and P V),
     dense_ffn, router, experts (the k routed ones), shared_expert, combine (weighting the k outputs),
     text_head, channel_head (its linear layers), channel_attention, image_heads."""
     c = config
-    hidden, rows = c.hidden_size, counts.rows
+    hidden, positions = c.hidden_size, rows.positions
     heads_width = c.num_attention_heads * c.head_dim
     qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     dense_layers, moe_layers = c.first_k_dense_replace, c.num_moe_layers
     k = c.num_experts_per_tok
     # channel head (width D = H) per supervised image row, C positions: condition_proj, then per block qkv, proj,
     # the MLP and adaLN (6D) on every position, and the causal C x C attention (computed dense); the final adaLN
-    width, positions = hidden, c.num_codebooks
-    per_block = positions * width * width * (3 + 1 + 2 * c.channel_mlp_ratio + 6)
-    channel_per_row = hidden * width + c.channel_depth * per_block + positions * width * 2 * width
+    width, channels = hidden, c.num_codebooks
+    per_block = channels * width * width * (3 + 1 + 2 * c.channel_mlp_ratio + 6)
+    channel_per_row = hidden * width + c.channel_depth * per_block + channels * width * 2 * width
     parts = {
-        "embed": counts.image_input_rows * c.num_codebooks * hidden * hidden,
-        "attention": c.num_hidden_layers * rows * hidden * (qkv_width + heads_width),
-        "attention_core": c.num_hidden_layers * 2 * counts.attention_pairs * heads_width,
-        "dense_ffn": dense_layers * rows * 3 * hidden * c.intermediate_size,
-        "router": moe_layers * rows * hidden * c.num_experts,
-        "experts": moe_layers * rows * k * 3 * hidden * c.moe_intermediate_size,
-        "shared_expert": moe_layers * rows * 3 * hidden * c.shared_expert_size,
-        "combine": moe_layers * rows * k * hidden,
-        "text_head": counts.text_rows * hidden * c.vocab_size,
-        "channel_head": counts.image_rows * channel_per_row,
-        "channel_attention": counts.image_rows * c.channel_depth * 2 * positions * positions * width,
-        "image_heads": counts.image_rows * c.num_codebooks * width * c.codebook_size,
+        "embed": rows.image_inputs * c.num_codebooks * hidden * hidden,
+        "attention": c.num_hidden_layers * positions * hidden * (qkv_width + heads_width),
+        "attention_core": c.num_hidden_layers * 2 * pairs * heads_width,
+        "dense_ffn": dense_layers * positions * 3 * hidden * c.intermediate_size,
+        "router": moe_layers * positions * hidden * c.num_experts,
+        "experts": moe_layers * positions * k * 3 * hidden * c.moe_intermediate_size,
+        "shared_expert": moe_layers * positions * 3 * hidden * c.shared_expert_size,
+        "combine": moe_layers * positions * k * hidden,
+        "text_head": rows.text * hidden * c.vocab_size,
+        "channel_head": rows.image * channel_per_row,
+        "channel_attention": rows.image * c.channel_depth * 2 * channels * channels * width,
+        "image_heads": rows.image * c.num_codebooks * width * c.codebook_size,
     }
     return {name: 2 * macs for name, macs in parts.items()}
 
 
-def training_flops(config: LuminaConfig, counts: PackCounts) -> int:
+def training_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> int:
     """Forward + backward FLOPs of one pack: 3 x the forward GEMMs, 3.5 x attention (module docstring)."""
-    parts = forward_flops(config, counts)
+    parts = forward_flops(config, rows, pairs)
     attention = sum(parts[name] for name in ATTENTION_PARTS)
     return 3 * (sum(parts.values()) - attention) + 7 * attention // 2

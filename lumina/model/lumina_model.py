@@ -6,19 +6,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lumina.attention import build_spec
+from lumina.attention import AttentionSpec, build_spec
 from lumina.data.batch import PackedBatch
+from lumina.data.roles import IGNORE_INDEX, TokenType
 from lumina.model.backbone import Backbone
 from lumina.model.channel_head import MultiCodebookHead, SampleFn
+from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads
 from lumina.model.layers import check_finite
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
-
-TEXT_ANSWER, IMAGE_ANSWER = 3, 4
-IGNORE = -100
-CHANNEL_CHECKPOINT_ROWS = 128  # image rows per checkpointed chunk of the channel head (policies full, selective)
+from lumina.model.supervision import supervised_rows
 
 
 class LuminaModel(nn.Module):
@@ -34,6 +33,7 @@ class LuminaModel(nn.Module):
             Head(config.hidden_size, config.codebook_size, std, chunk, check, "image logits")
             for _ in range(config.num_codebooks))
         self.multi_codebook_head = MultiCodebookHead(config)
+        apply_checkpointing(self, config.gradient_checkpointing)
 
     # ---- construction helpers ----
     @torch.no_grad()
@@ -77,26 +77,25 @@ class LuminaModel(nn.Module):
     # ---- public parts for samplers ----
     def backbone(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states [B, S, H]."""
-        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict)
-        self._set_pack_rows(batch)
+        spec = self._prologue(batch)
         embeds, _ = self.model.embed(batch.input_ids, batch.type_ids)
         return self.model.decode(embeds, batch.position_ids, spec)[0]
 
-    def _set_pack_rows(self, batch: PackedBatch) -> None:
-        """Tell the routers which rows of its pack `batch` holds: their selection noise is drawn per pack."""
+    def _prologue(self, batch: PackedBatch) -> AttentionSpec:
+        """What `forward` and `backbone` do first: the pack's attention spec, and the routers told which rows
+        of its pack `batch` holds (their selection noise is drawn per pack)."""
+        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict)
         for moe in self.moe_layers():
             moe.gate.pack_rows = (batch.window_start, batch.pack_len)
+        return spec
 
     def text_head(self, h_rows: torch.Tensor) -> torch.Tensor:
         """h_rows [N, H] -> text logits [N, V]."""
-        return self.lm_head(h_rows)
+        return self.heads().text_logits(h_rows)
 
     def image_head(self, h_rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: h_rows [N, H], codes int64 [N, C] -> logits [N, C, K]."""
-        return self.codebook_logits(self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1]))
-
-    def codebook_logits(self, states: torch.Tensor) -> torch.Tensor:
-        """Channel-head states [N, C, D] -> [N, C, K]: position j through lm_img_head[j]."""
+        states = self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1])
         return self.heads().image_logits(states)
 
     def heads(self) -> LuminaHeads:
@@ -111,10 +110,9 @@ class LuminaModel(nn.Module):
     def select_rows(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (text_rows [Nt], image_rows [Ni], teacher-forcing codes [Ni or 0, C]) as flat row indices.
 
-        With labels: text rows are type-3 rows with label column 0 != -100, image rows type-4 rows with any
-        label != -100 (all C labels must then be valid codes). Without labels: the candidates are
-        `batch.query_rows` (all rows if None); text rows are those of type != 4, image rows those of type 4, and
-        there are no teacher-forcing codes."""
+        With labels: `supervised_rows` (all C labels of an image row must then be valid codes). Without labels:
+        the candidates are `batch.query_rows` (all rows if None); text rows are those of type != 4, image rows
+        those of type 4, and there are no teacher-forcing codes."""
         cfg = self.config
         types = batch.type_ids.reshape(-1)
         n_codebooks = cfg.num_codebooks
@@ -123,13 +121,12 @@ class LuminaModel(nn.Module):
             rows = rows.to(types.device)
             if rows.numel() and bool(((rows < 0) | (rows >= types.numel())).any()):
                 raise ValueError(f"query_rows out of range [0, {types.numel()}): {rows[:8].tolist()}")
-            is_image = types[rows] == IMAGE_ANSWER
+            is_image = types[rows] == TokenType.IMAGE_ANSWER
             return rows[~is_image], rows[is_image], batch.input_ids.new_zeros(0, n_codebooks)
         labels = batch.labels.reshape(types.numel(), -1)
-        labelled = (labels != IGNORE).any(dim=1)
-        wrong_type = labelled & (types != TEXT_ANSWER) & (types != IMAGE_ANSWER)
-        text_rows = ((types == TEXT_ANSWER) & (labels[:, 0] != IGNORE)).nonzero().squeeze(1)
-        image_rows = ((types == IMAGE_ANSWER) & labelled).nonzero().squeeze(1)
+        labelled = (labels != IGNORE_INDEX).any(dim=1)
+        wrong_type = labelled & (types != TokenType.TEXT_ANSWER) & (types != TokenType.IMAGE_ANSWER)
+        text_rows, image_rows = supervised_rows(batch)
         if image_rows.numel() and labels.shape[1] != n_codebooks:
             raise ValueError(f"labels has {labels.shape[1]} column(s) but type-4 rows are labelled; image labels "
                              f"need num_codebooks={n_codebooks} columns")
@@ -154,8 +151,7 @@ class LuminaModel(nn.Module):
     def forward(self, batch: PackedBatch) -> LuminaOutput:
         cfg = self.config
         check = cfg.check_finite
-        spec = build_spec(batch, backend=self.model.attn_backend, strict=cfg.attn_strict)
-        self._set_pack_rows(batch)
+        spec = self._prologue(batch)
         text_rows, image_rows, codes = self.select_rows(batch)
         embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
         check_finite(check, "embeddings", embeds, code_embeds)
@@ -164,8 +160,7 @@ class LuminaModel(nn.Module):
 
         flat = hidden.reshape(-1, hidden.shape[-1])
         forced_rows = image_rows if batch.labels is not None else image_rows[:0]
-        checkpoint_rows = CHANNEL_CHECKPOINT_ROWS if self.model.gradient_checkpointing != "none" else 0
-        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1], checkpoint_rows)
+        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1])
         check_finite(check, "channel head", states)
 
         batch_size, seq = hidden.shape[:2]

@@ -1,6 +1,5 @@
-"""The sparse MoE block (`mlp` of layers >= first_k_dense_replace): router -> dispatcher -> grouped experts ->
-combine (one fused step where the dispatcher offers `run_experts`, as the local one does), plus the unweighted
-shared expert, plus optional per-expert load counters."""
+"""The sparse MoE block (`mlp` of layers >= first_k_dense_replace): router -> dispatcher (gather -> grouped
+experts -> weighted combine), plus the unweighted shared expert, plus optional per-expert load counters."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import torch
 from torch import nn
 
 from lumina.model.config import LuminaConfig
-from lumina.model.dispatch import LocalDispatcher, MoEDispatcher, run_routed_experts
+from lumina.model.dispatch import LocalDispatcher, MoEDispatcher
 from lumina.model.experts import GroupedExperts
 from lumina.model.mlp import SwiGLU
 from lumina.model.router import Router, Routing
@@ -38,8 +37,7 @@ class MoE(nn.Module):
         """x [B, S, H] -> (y [B, S, H], routing of the B*S tokens)."""
         flat = x.reshape(-1, x.shape[-1])
         routing = self.gate(flat)
-        y = run_routed_experts(self.dispatcher, flat, routing.topk_ids, routing.topk_weights, self.experts,
-                               self.num_experts).view_as(x)
+        y = self.dispatcher.run_experts(flat, routing.topk_ids, routing.topk_weights, self.experts).view_as(x)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y, routing

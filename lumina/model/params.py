@@ -1,8 +1,11 @@
-"""Parameter counts derived from the module tree (build the model on the meta device for big configs)."""
+"""Parameter counts derived from the module tree (big configs are built on the meta device: no memory used)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+from torch import nn
 
 from lumina.model.config import LuminaConfig
 from lumina.model.experts import GroupedExperts
@@ -19,6 +22,37 @@ def _as_model(model_or_config: LuminaModel | LuminaConfig) -> LuminaModel:
 def count_parameters(model_or_config: LuminaModel | LuminaConfig) -> int:
     """All parameters (buffers excluded)."""
     return sum(p.numel() for p in _as_model(model_or_config).parameters())
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """dense: every parameter but the routed experts; experts: the routed experts of every MoE layer;
+    units: (dense, experts) parameters of each FSDP unit: the conditional modules (embedding tables, the
+    image projection, heads) and the decoder layers (`layers.{i}`, with their experts)."""
+
+    dense: int
+    experts: int
+    units: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+def parameter_counts(model_or_config: LuminaModel | LuminaConfig) -> ParameterCounts:
+    """The parameters of the model (a config's model is built on the meta device)."""
+    model = _as_model(model_or_config)
+    routed = {id(p) for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
+
+    def split(module: nn.Module) -> tuple[int, int]:
+        params = list(module.parameters())
+        experts = sum(p.numel() for p in params if id(p) in routed)
+        return sum(p.numel() for p in params) - experts, experts
+
+    units = {name: split(module) for name, module in model.conditional_modules().items()}
+    units |= {f"layers.{i}": split(layer) for i, layer in enumerate(model.model.layers)}
+    dense, experts = split(model)
+    return ParameterCounts(dense, experts, units)
 
 
 def active_parameters_per_text_token(model_or_config: LuminaModel | LuminaConfig) -> int:

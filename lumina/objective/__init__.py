@@ -9,13 +9,13 @@ from lumina.objective.balance import (
 )
 from lumina.objective.config import BalanceConfig, ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases, sign_rule_update
-from lumina.objective.labels import IGNORE_INDEX, gather_targets, normalize_labels, validate_supervision
+from lumina.objective.labels import gather_targets, normalize_labels, validate_supervision
 from lumina.objective.objective import LuminaObjective
 from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
 
 __all__ = [
-    "IGNORE_INDEX", "BalanceConfig", "ExpertBiasUpdater", "LuminaObjective", "ObjectiveConfig", "ObjectiveResult",
+    "BalanceConfig", "ExpertBiasUpdater", "LuminaObjective", "ObjectiveConfig", "ObjectiveResult",
     "balance_loss", "dp_sum", "dp_world_size", "expert_counts", "expert_load", "find_expert_biases",
     "gather_targets", "layer_balance_loss", "normalize_labels", "router_probs", "sign_rule_update",
     "validate_supervision",

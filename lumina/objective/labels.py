@@ -13,10 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from lumina.data.batch import as_int64
-
-IGNORE_INDEX = -100
-TEXT_ANSWER_TYPE = 3
-IMAGE_ANSWER_TYPE = 4
+from lumina.data.roles import IGNORE_INDEX, TokenType
 
 
 def normalize_labels(labels: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -82,12 +79,12 @@ def validate_supervision(
     types = type_ids.reshape(-1)
     valid = token_valid.reshape(-1)
     labelled = (flat != IGNORE_INDEX).any(-1)
-    text_sup = (types == TEXT_ANSWER_TYPE) & (flat[:, 0] != IGNORE_INDEX)
-    image_sup = (types == IMAGE_ANSWER_TYPE) & labelled
+    text_sup = (types == TokenType.TEXT_ANSWER) & (flat[:, 0] != IGNORE_INDEX)
+    image_sup = (types == TokenType.IMAGE_ANSWER) & labelled
     text_rows, image_rows = text_rows.long(), image_rows.long()
     checks: dict[str, torch.Tensor] = {
-        "other_type": labelled & (types != TEXT_ANSWER_TYPE) & (types != IMAGE_ANSWER_TYPE),
-        "text_column": labelled & (types == TEXT_ANSWER_TYPE) & (flat[:, 0] == IGNORE_INDEX),
+        "other_type": labelled & (types != TokenType.TEXT_ANSWER) & (types != TokenType.IMAGE_ANSWER),
+        "text_column": labelled & (types == TokenType.TEXT_ANSWER) & (flat[:, 0] == IGNORE_INDEX),
         "invalid_token": (text_sup | image_sup) & ~valid,
         "text_range": text_sup & ((flat[:, 0] < 0) | (flat[:, 0] >= vocab_size)),
         "image_range": image_sup & ((flat < 0) | (flat >= codebook_size)).any(-1),

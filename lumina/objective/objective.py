@@ -20,12 +20,13 @@ from torch import nn
 
 from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
+from lumina.data.roles import TokenType
 from lumina.model.heads import HeadLoss, LuminaHeads
 from lumina.model.router import Router
 from lumina.objective.balance import balance_loss, expert_load
 from lumina.objective.config import ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases
-from lumina.objective.labels import TEXT_ANSWER_TYPE, gather_targets, normalize_labels, validate_supervision
+from lumina.objective.labels import gather_targets, normalize_labels, validate_supervision
 from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
 
@@ -87,7 +88,7 @@ class LuminaObjective(nn.Module):
         device = targets.text.device
 
         if inverse_t:
-            num_text = (batch.answer_mask & (batch.type_ids == TEXT_ANSWER_TYPE)).sum()
+            num_text = (batch.answer_mask & (batch.type_ids == TokenType.TEXT_ANSWER)).sum()
         else:
             num_text = torch.tensor(text_rows.numel(), device=device)
         num_image = torch.tensor(output.image_rows.numel(), device=device)

@@ -5,21 +5,22 @@ without building anything (`lumina-train estimate_memory=true [memory_budget_gib
     estimate.peak, estimate.activation_bytes_per_token, estimate.fits(20.0), print(estimate.table())
 
 Parts (bytes per rank):
-    parameters        counted analytically (`parameter_counts`, equal to `count_parameters` of the module tree)
+    parameters        counted from the model itself, built on the meta device (`lumina.model.params`)
     gradients         one per parameter, in the parameter dtype
     optimizer_states  AdamW: exp_avg and exp_avg_sq per parameter, in the parameter dtype (8 bytes for fp32)
     activations       what autograd keeps for backward at the end of the forward, counted tensor by tensor
                       from the code (below), under the checkpointing policy, plus what a recompute rebuilds
     head_losses       the fused chunked head losses (`lumina.model.linear_ce`): they keep no logits, only
                       their input-gradient buffers (and their inputs while the objective runs), plus one
-                      chunk of fp32 logits [chunk_rows, V]; their weight gradients are the heads' gradients
+                      chunk of fp32 logits [chunk_rows, V]; and the heads' weight gradients, formed in the
+                      forward and held until the backward (`head_weight_gradient_bytes`: under FSDP in full)
     optimizer_step    AdamW's foreach temporaries (one parameter-sized copy), after the activations are gone
     fsdp_buffers      sharded runs: two unsharded units (in use + prefetched) and one unit's unreduced gradient
     peak = parameters + gradients + optimizer_states + fsdp_buffers + max(activations + head_losses,
            optimizer_step): every gradient is counted as live at the activation peak (an upper bound on a
            caching allocator; on CPU it about equals glibc's retained free memory, see the calibration below).
     step_rise = gradients + activations + head_losses: what one SGD step adds over the set-up model (what
-           `lumina.training.step_memory` and experiments/bench/memory.py measure).
+           experiments/bench/step_memory.py and memory.py measure).
 
 Activations, per token of one decoder layer (a = activation bytes, 4 in fp32; norms, router and softmax
 statistics in fp32; H hidden, nh/nkv heads of hd dims, E experts, top-k, I = moe_intermediate_size):
@@ -49,7 +50,7 @@ activation gradients of the top layers appear while most parameter gradients do 
 covered by counting every gradient as live. Under full / selective the channel head is checkpointed too, in
 chunks of `CHANNEL_CHECKPOINT_ROWS` image rows; embeddings and heads are never checkpointed.
 
-Calibration (2-core CPU, fp32, peak-RSS rise of one SGD step measured by `lumina.training.step_memory`, world
+Calibration (2-core CPU, fp32, peak-RSS rise of one SGD step measured by experiments/bench/step_memory.py, world
 packs; estimate / measured MiB; repeated measurements vary by up to 10%):
     memory benchmark's small config, t2i + text-QA pack: S = 2048 none 2300 / 2352, full 2230 / 2246,
         selective 2267 / 2151; S = 4096 none 4090 / 4465, full 3949 / 4358
@@ -60,12 +61,13 @@ Where gradients dominate the rise the estimate runs high (small config, S = 512:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
 
+from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.linear_ce import auto_chunk_rows
-from lumina.model.lumina_model import CHANNEL_CHECKPOINT_ROWS
+from lumina.model.params import ParameterCounts, parameter_counts
+from lumina.model.supervision import PackRows
 
 FP32, INT64, BOOL = 4, 8, 1
 GIB = 2**30
@@ -77,46 +79,6 @@ def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r}: must be an integer >= 1")
     return value
-
-
-def _fraction(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name}={value!r}: must be a number in [0, 1]")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class PackRows:
-    """What one pack holds: supervised text rows (the text head's rows), supervised image rows (the channel
-    head's and the codebook heads' rows), image input rows (type 2/4, embedded through the codebook tables),
-    and the typical segment length (the segmented backend's masks hold seq_len x segment_len elements)."""
-
-    text: int
-    image: int
-    image_inputs: int
-    segment_len: int
-
-    def __post_init__(self) -> None:
-        for name in ("text", "image", "image_inputs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"PackRows.{name}={value!r}: must be an integer >= 0")
-        _positive_int("PackRows.segment_len", self.segment_len)
-
-    @classmethod
-    def assume(cls, seq_len: int, text_rows: float = 0.25, image_rows: float = 0.5,
-               image_input_rows: float = 1.0, segment_len: int = 2048) -> PackRows:
-        """Rows from fractions of seq_len (conf/train.yaml's memory_pack; image inputs at least the
-        supervised image rows, segment_len at most seq_len)."""
-        _positive_int("seq_len", seq_len)
-        text = _fraction("memory_pack.text_rows", text_rows)
-        image = _fraction("memory_pack.image_rows", image_rows)
-        inputs = _fraction("memory_pack.image_input_rows", image_input_rows)
-        if text + image > 1.0:
-            raise ValueError(f"memory_pack.text_rows={text} + memory_pack.image_rows={image}: a row is one or "
-                             "the other, so at most 1 together")
-        return cls(round(text * seq_len), round(image * seq_len), round(max(inputs, image) * seq_len),
-                   min(_positive_int("memory_pack.segment_len", segment_len), seq_len))
 
 
 @dataclass(frozen=True)
@@ -144,73 +106,6 @@ class Precision:
     @property
     def name(self) -> str:
         return f"{8 * self.param_bytes}-bit parameters, {8 * self.activation_bytes}-bit activations"
-
-
-@dataclass(frozen=True)
-class ParameterCounts:
-    """dense: every parameter but the routed experts; experts: the routed experts of every MoE layer;
-    units: parameters of each FSDP unit (decoder layers with their experts, embedding tables, heads)."""
-
-    dense: int
-    experts: int
-    units: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return self.dense + self.experts
-
-
-def _rmsnorm_params(config: LuminaConfig) -> int:
-    return config.hidden_size
-
-
-def _attention_params(config: LuminaConfig) -> int:
-    h, hd = config.hidden_size, config.head_dim
-    qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * hd
-    qkv = h * qkv_rows + (qkv_rows if config.use_qkv_bias else 0)
-    dense = config.num_attention_heads * hd * h + (h if config.use_bias else 0)
-    return qkv + dense + 2 * hd  # + query / key RMSNorm weights
-
-
-def _layer_params(config: LuminaConfig, layer_idx: int) -> tuple[int, int]:
-    """(dense, routed-expert) parameters of decoder layer `layer_idx`."""
-    h = config.hidden_size
-    dense = 2 * _rmsnorm_params(config) + _attention_params(config)
-    if not config.is_moe_layer(layer_idx):
-        return dense + 3 * h * config.intermediate_size, 0
-    dense += config.num_experts * h + 3 * h * config.shared_expert_size  # router, shared expert
-    return dense, 3 * config.num_experts * config.moe_intermediate_size * h
-
-
-def _channel_head_params(config: LuminaConfig) -> int:
-    """The multi-codebook head: condition projection, channel / timestep embeddings, the adaLN blocks (LayerNorms,
-    QKV with per-head q / k LayerNorms, projection, MLP, 6D modulation) and the final layer (2D modulation)."""
-    d, c = config.hidden_size, config.num_codebooks
-    mlp = d * config.channel_mlp_ratio
-    head_dim = d // config.channel_heads
-    block = (2 * d + 3 * d * d + 3 * d + 4 * head_dim + d * d + d + 2 * d
-             + d * mlp + mlp + mlp * d + d + 6 * d * d + 6 * d)
-    final = 2 * d * d + 2 * d
-    return d * d + d + 2 * c * d + config.channel_depth * block + 2 * d + final
-
-
-def parameter_counts(config: LuminaConfig) -> ParameterCounts:
-    """Every parameter of `LuminaModel(config)`, counted from the sizes alone."""
-    h, c = config.hidden_size, config.num_codebooks
-    units = {
-        "word_embeddings": config.vocab_size * h,
-        "img_embeddings": c * config.image_vocab_size * h + c * h * h,  # tables + img_embeddings_proj
-        "lm_head": config.vocab_size * h,
-        "lm_img_head": c * config.codebook_size * h,
-        "multi_codebook_head": _channel_head_params(config),
-    }
-    dense = sum(units.values()) + _rmsnorm_params(config)  # + the final norm
-    experts = 0
-    for i in range(config.num_hidden_layers):
-        layer_dense, layer_experts = _layer_params(config, i)
-        units[f"layers.{i}"] = layer_dense + layer_experts
-        dense, experts = dense + layer_dense, experts + layer_experts
-    return ParameterCounts(dense, experts, units)
 
 
 # ---- activations (bytes per token or per row) ----
@@ -306,9 +201,21 @@ def mask_bytes(backend: str, seq_len: int, rows: PackRows, a: int) -> int:
     return 0
 
 
+def head_weight_gradient_bytes(counts: ParameterCounts, precision: Precision, shard: int) -> int:
+    """The heads' weight gradients the fused losses form in their forward and hold until the backward
+    (`lumina.model.linear_ce`): [V, H] and C x [K, H] (with biases), accumulated in fp32 and kept in the
+    weight's dtype. On one rank they become the parameters' gradients (counted there), plus the fp32
+    accumulator when the weights are narrower; under FSDP they are gradients of the unsharded weights, in
+    full, on top of the sharded ones."""
+    heads = sum(sum(counts.units[name]) for name in ("lm_head", "lm_img_head"))
+    if shard == 1:
+        return heads * FP32 if precision.param_bytes < FP32 else 0
+    return heads * (precision.gathered_bytes + (FP32 if precision.gathered_bytes < FP32 else 0))
+
+
 def head_loss_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
-    """The fused head losses: the final hidden states and head inputs alive while the objective runs, the
-    input-gradient buffers (text [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
+    """The fused head losses' activations: the final hidden states and head inputs alive while the objective
+    runs, the input-gradient buffers (text [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
     h, c = config.hidden_size, config.num_codebooks
     inputs = (seq_len + rows.text + c * rows.image) * h * a
     grad_inputs = (rows.text + c * rows.image) * h * a
@@ -406,8 +313,8 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
     if shard % ep or config.num_experts % ep:
         raise ValueError(f"ep={ep}: must divide shard={shard} and num_experts={config.num_experts}")
     backend = resolve_backend(attn_backend or config.attn_backend)
-    if rows.text + rows.image > seq_len or rows.image_inputs > seq_len:
-        raise ValueError(f"rows={rows}: more rows than seq_len={seq_len}")
+    if rows.positions != seq_len:
+        raise ValueError(f"rows.positions={rows.positions}: the pack's rows must number seq_len={seq_len}")
 
     a = precision.activation_bytes
     counts = parameter_counts(config)
@@ -421,91 +328,18 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
     states = OPTIMIZERS[optimizer]
     fsdp = 0
     if shard > 1:
-        largest = max(_gathered_unit(counts, config, name, ep) for name in counts.units)
+        largest = max(_gathered_unit(counts, name, ep) for name in counts.units)
         fsdp = largest * (2 * precision.gathered_bytes + FP32)
     return MemoryEstimate(
         seq_len=seq_len, policy=policy, rows=rows, precision=precision, parameter_count=counts.total,
         parameters=param_bytes, gradients=param_bytes, optimizer_states=states * param_bytes,
         activations=sum(value for _, value in parts),
-        head_losses=head_loss_bytes(config, seq_len, rows, a),
+        head_losses=head_loss_bytes(config, seq_len, rows, a) + head_weight_gradient_bytes(counts, precision, shard),
         optimizer_step=param_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
         activation_parts=parts)
 
 
-def _gathered_unit(counts: ParameterCounts, config: LuminaConfig, name: str, ep: int) -> int:
+def _gathered_unit(counts: ParameterCounts, name: str, ep: int) -> int:
     """Parameters of FSDP unit `name` while unsharded: a decoder layer's experts stay split over ep."""
-    if not name.startswith("layers."):
-        return counts.units[name]
-    dense, experts = _layer_params(config, int(name.split(".")[1]))
+    dense, experts = counts.units[name]
     return dense + experts // ep
-
-
-# ---- lumina-train estimate_memory=true ----
-
-def memory_budget_gib(cfg: Any) -> float | None:
-    """cfg.memory_budget_gib: None or a positive number of GiB; anything else raises ConfigError naming it."""
-    from lumina.training.errors import ConfigError
-
-    value = cfg.get("memory_budget_gib")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"memory_budget_gib={value!r}: must be a positive number of GiB (or null)")
-    return float(value)
-
-
-def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
-    """The estimate of a composed lumina-train config: model, data.seq_len, trainer.precision, AdamW, and
-    strategy.parallel (shard / ep sizes, activation_checkpointing) when the strategy has one. Under sequence
-    parallelism a rank holds seq_len / sp rows of the pack, and attention's heads / sp over all of them cost
-    what all heads over its own rows would, so the estimate is that of a pack of seq_len / sp rows."""
-    from lumina.training.build import model_config, plain
-    from lumina.training.errors import ConfigError
-
-    config = model_config(cfg)
-    seq_len = cfg.data.seq_len
-    pack = plain(cfg.get("memory_pack")) or {}
-    unknown = sorted(set(pack) - set(PACK_KEYS))
-    if unknown:
-        raise ConfigError(f"memory_pack.{unknown[0]}: unknown key (expected one of {PACK_KEYS})")
-    policy, shard, ep, sp, param_dtype = config.gradient_checkpointing, 1, 1, 1, None
-    parallel = (cfg.get("strategy") or {}).get("parallel")
-    if parallel is not None:
-        from lumina.distributed.config import ParallelConfig
-
-        sizes = ParallelConfig(**plain(parallel)).resolve(_world_size(cfg.trainer))
-        shard, ep, sp, param_dtype = sizes.shard, sizes.ep, sizes.sp, parallel.get("param_dtype")
-        if parallel.get("activation_checkpointing") and policy == "none":
-            policy = "full"  # what FSDP2ExpertParallelStrategy sets
-    seq_len = -(-seq_len // sp)  # this rank's rows
-    rows = PackRows.assume(seq_len, **pack)
-    precision = Precision.of(cfg.trainer.get("precision", "32-true"), param_dtype)
-    return replace(estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep), sp=sp)
-
-
-def _world_size(trainer: Any) -> int:
-    """trainer.devices x trainer.num_nodes (a device list counts its entries)."""
-    from lumina.training.build import plain
-
-    devices, nodes = plain(trainer.get("devices", 1)), trainer.get("num_nodes", 1)
-    if isinstance(devices, list):
-        devices = len(devices)
-    if isinstance(devices, bool) or not isinstance(devices, int) or not isinstance(nodes, int):
-        raise ValueError(f"trainer.devices={devices!r}, trainer.num_nodes={nodes!r}: the memory estimate "
-                         "needs integer device counts")
-    return devices * nodes
-
-
-def report_memory(cfg: Any) -> MemoryEstimate:
-    """Print the estimate of `cfg` (and the verdict against memory_budget_gib); raise ConfigError naming the
-    budget when the peak does not fit it."""
-    from lumina.training.errors import ConfigError
-
-    budget = memory_budget_gib(cfg)
-    estimate = estimate_from_cfg(cfg)
-    print(estimate.table(budget), flush=True)
-    if budget is not None and not estimate.fits(budget):
-        raise ConfigError(f"memory_budget_gib={budget:g}: the estimated peak {estimate.peak / GIB:.2f} GiB "
-                          f"does not fit (data.seq_len={estimate.seq_len}, "
-                          f"gradient_checkpointing={estimate.policy})")
-    return estimate

@@ -18,6 +18,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from lumina.checkpoint.model_factory import build_model
 from lumina.data.batch import PackedBatch
 from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
@@ -25,7 +26,6 @@ from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
 from lumina.training.freeze import freeze_parameters
 from lumina.training.memory import peak_memory_gib
 from lumina.training.metrics import TokenAccuracies
-from lumina.training.model_factory import build_model
 from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
 
 
@@ -124,7 +124,7 @@ class LuminaModule(L.LightningModule):
     # ---- per-optimizer-step bookkeeping ----
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._resumed_rng is not None:  # see on_load_checkpoint
-            _set_rng_state(self._resumed_rng)
+            _set_rng_state(self._resumed_rng, self.device)
             self._resumed_rng = None
         if self._step_t0 is None:
             self._step_t0 = time.perf_counter()
@@ -209,28 +209,40 @@ class LuminaModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---- exact resume: RNG state travels with the checkpoint ----
-    # (stored as tensors and plain Python values so that torch.load(weights_only=True) reads them). Training
-    # draws from torch's global RNG (the routers' selection noise); the restore waits for the first resumed
-    # batch, because creating the DataLoader's iterator after the load draws from that RNG too.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        checkpoint["lumina_rng"] = {
-            "torch": torch.get_rng_state(),
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
-            "python": random.getstate(),
-        }
+        checkpoint["lumina_rng"] = rng_state(self.device)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_rng = checkpoint.get("lumina_rng")
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the torch, numpy and Python RNGs from `on_save_checkpoint`'s record."""
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The record of every generator training draws from: torch's CPU generator, the generator of `device`
+    when it is a CUDA device (the routers' selection noise is drawn there on a GPU), numpy's and Python's.
+    It holds tensors and plain Python values only, so `torch.load(weights_only=True)` reads it.
+    `LuminaModule` restores it at the first resumed batch, because creating the DataLoader's iterator after
+    the load draws from these generators too."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": random.getstate(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore `rng_state`'s record (a record without a CUDA generator, saved on CPU or before lumina
+    recorded it, leaves that generator as it is)."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _plain(config: Any) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary import ModelSummary
 
 from lumina.model.config import LuminaConfig
-from lumina.model.flops import PackCounts, pack_counts, training_flops
-from lumina.training.memory_estimate import PackRows
+from lumina.model.flops import batch_flops, nominal_attention_pairs, training_flops
+from lumina.model.supervision import PackRows
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,6 @@ def gemm_probe_tflops(dtype: torch.dtype = torch.float32, size: int = 1024, repe
     return 2 * size**3 / best / 1e12
 
 
-def nominal_counts(seq_len: int, rows: PackRows, backend: str) -> PackCounts:
-    """A pack of seq_len positions with `rows`' supervised and image rows, in samples of rows.segment_len (the
-    attention pairs of `flex` are bounded by those of `segmented`)."""
-    pairs = seq_len * seq_len if backend == "sdpa_dense" else seq_len * rows.segment_len
-    return PackCounts(rows=seq_len, image_input_rows=rows.image_inputs, text_rows=rows.text, image_rows=rows.image,
-                      attention_pairs=pairs)
-
-
 def _attn_backend(pl_module: L.LightningModule) -> str:
     return pl_module.model.model.attn_backend  # resolved from "auto" when the model was built
 
@@ -121,7 +113,7 @@ class ThroughputCallback(L.Callback):
                              batch_idx: int) -> None:
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        self._flops += training_flops(pl_module.model_config, pack_counts(batch, _attn_backend(pl_module)))
+        self._flops += batch_flops(pl_module.model_config, batch, _attn_backend(pl_module))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -169,7 +161,7 @@ class FlopsModelSummary(RichModelSummary):
     def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> ModelSummary:
         config: LuminaConfig = pl_module.model_config
         backend = _attn_backend(pl_module)
-        self.flops = training_flops(config, nominal_counts(self.seq_len, self.rows, backend))
+        self.flops = training_flops(config, self.rows, nominal_attention_pairs(self.rows, backend))
         if trainer.is_global_zero:
             log.info("FLOPs in the model summary: analytic training FLOPs (forward + backward) of one pack of %d "
                      "tokens (%d text and %d image rows supervised, %s attention over samples of %d); train/tflops "

@@ -80,11 +80,17 @@ def test_metadata_length_mismatch_raises():
     batch.turn_ids = torch.zeros(1, 7, dtype=torch.long)
     with pytest.raises(ValueError, match=r"turn_ids has shape \[1, 7\], expected \[1, S=8\]"):
         build_spec(batch)
-    with pytest.raises(ValueError, match="block_ids has length 7, expected S=8"):
-        PackedBatch(input_ids=torch.zeros(8, dtype=torch.long), type_ids=torch.ones(8, dtype=torch.long),
-                    turn_ids=torch.zeros(8, dtype=torch.long), block_ids=torch.zeros(7, dtype=torch.long),
-                    position_ids=torch.arange(8), is_clean=torch.ones(8, dtype=torch.bool),
-                    token_valid=torch.ones(8, dtype=torch.bool), cu_seqlens=torch.tensor([0, 8]))
+    fields = dict(input_ids=torch.zeros(8, dtype=torch.long), type_ids=torch.ones(8, dtype=torch.long),
+                  turn_ids=torch.zeros(8, dtype=torch.long), block_ids=torch.zeros(7, dtype=torch.long),
+                  position_ids=torch.arange(8), is_clean=torch.ones(8, dtype=torch.bool),
+                  token_valid=torch.ones(8, dtype=torch.bool), cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match=r"disagree in length \(rows S\): input_ids 8, type_ids 8, turn_ids 8, "
+                                         r"block_ids 7, position_ids 8, is_clean 8, token_valid 8$"):
+        PackedBatch(**fields)
+    # a short type_ids is named as such (S is not taken from it), beside every other field's length
+    with pytest.raises(ValueError, match=r"input_ids 8, labels 8, type_ids 6, turn_ids 8"):
+        PackedBatch(**{**fields, "block_ids": torch.zeros(8, dtype=torch.long), "type_ids": torch.ones(6),
+                       "labels": torch.zeros(8, 1, dtype=torch.long)})
 
 
 def _batch(**override) -> PackedBatch:

@@ -6,15 +6,16 @@ import pytest
 import torch
 
 from lumina.attention import build_spec
-from lumina.data.batch import LABEL_IGNORE, PackedBatch
+from lumina.data.batch import PackedBatch
 from lumina.data.packing import collate_pack
+from lumina.data.roles import IGNORE_INDEX
 from lumina.data.sequence import TrainingSequence
 
 
 def sequence(n: int, seed: int, columns: int = 2) -> TrainingSequence:
     gen = torch.Generator().manual_seed(seed)
     types = torch.tensor([1] * (n // 2) + [3] * (n - n // 2))
-    labels = torch.full((n, columns), LABEL_IGNORE)
+    labels = torch.full((n, columns), IGNORE_INDEX)
     labels[types == 3, 0] = torch.randint(0, 50, (int((types == 3).sum()),), generator=gen)
     return TrainingSequence(
         sample_id=f"s{seed}", input_ids=torch.randint(1, 50, (n, columns), generator=gen), labels=labels,

@@ -18,9 +18,11 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, make_pack, tiny_config, union
+from seed_strategy import SeedStrategy
 from torch.utils.data import DataLoader
 
 from lumina.distributed import (
+    AllToAllDispatcher,
     FSDP2ExpertParallelStrategy,
     ParallelConfig,
     ParticipationTracker,
@@ -36,6 +38,7 @@ from lumina.distributed import (
 from lumina.distributed.plan import OFFICIAL_PLAN
 from lumina.distributed.sequence import SequenceShard
 from lumina.model import LuminaModel
+from lumina.model.checkpointing import RoutingTape
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 OUT: Path = Path(".")
@@ -79,14 +82,26 @@ def parity() -> None:
     tracker = ParticipationTracker(model, tracked_modules(model.conditional_modules()))
     model.track_expert_load(True)
     batch = my_pack()
-    result = objective()(model(batch), batch)
+    dispatchers = [m.dispatcher for m in model.moe_layers()]
+    syncs = dict.fromkeys(map(id, dispatchers), 0)
+    read_splits = AllToAllDispatcher.splits
+
+    def counted(self: AllToAllDispatcher, counts: torch.Tensor):  # noqa: ANN202 - the host read of split sizes
+        syncs[id(self)] += 1
+        return read_splits(self, counts)
+
+    AllToAllDispatcher.splits = counted
+    try:
+        result = objective()(model(batch), batch)
+    finally:
+        AllToAllDispatcher.splits = read_splits
     tracker.check()
     result.loss.backward()
     grads = full_grads(model)
     norm = total_grad_norm(model.parameters())
     clipped = clip_grad_norm(model.parameters(), max_norm=0.5 * float(norm))
     torch.optim.SGD(model.parameters(), lr=0.1).step()
-    host_syncs = [d.host_syncs for d in (m.dispatcher for m in model.moe_layers())]
+    host_syncs = [syncs[id(d)] for d in dispatchers]
     save("parity", {"grads": grads, "norm": norm, "clip_norm": clipped, "weights": full_state_dict(model, all_ranks=True),
                     "load": model.expert_load(), "host_syncs": host_syncs, "checks": tracker.checks})
 
@@ -106,9 +121,19 @@ def checkpointing(policy: str) -> None:
     model = sharded(fresh_model(gradient_checkpointing=policy))
     model.track_expert_load(True)
     batch = my_pack()
-    objective()(model(batch), batch).loss.backward()
+    replayed, take = [0], RoutingTape.take
+
+    def counted(tape: RoutingTape, ids: torch.Tensor) -> torch.Tensor:  # router calls served from a tape
+        replayed[0] += tape.cursor is not None
+        return take(tape, ids)
+
+    RoutingTape.take = counted
+    try:
+        objective()(model(batch), batch).loss.backward()
+    finally:
+        RoutingTape.take = take
     save(f"checkpointing_{policy}", {"grads": full_grads(model), "load": model.expert_load(),
-                                     "replayed": model.model.checkpointer.replayed})
+                                     "replayed": replayed[0]})
 
 
 def mixed_precision() -> None:
@@ -305,7 +330,7 @@ def conditional_runs() -> None:
         lumina_module(), datamodule=FixedPacks(packs))
     out["rule_on_losses"] = rec.losses
     try:
-        trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2, conditional_rule=False)), OUT / "check", 3).fit(
+        trainer(SeedStrategy(ParallelConfig(ep=2)), OUT / "check", 3).fit(
             lumina_module(), datamodule=FixedPacks(packs))
         out["check_error"] = None
     except Exception as error:  # noqa: BLE001 - recorded for the test
@@ -337,10 +362,10 @@ def hang() -> None:
         def on_after_backward(self, trainer, module):
             mark("after_backward")
 
-    cfg = ParallelConfig(ep=2, conditional_rule=False, participation_check=False, timeout_s=15)
+    cfg = ParallelConfig(ep=2, participation_check=False, timeout_s=15)
     mark("setup")
     try:
-        trainer(FSDP2ExpertParallelStrategy(cfg), OUT / "hang", 3, [Phase()]).fit(
+        trainer(SeedStrategy(cfg), OUT / "hang", 3, [Phase()]).fit(
             lumina_module(), datamodule=FixedPacks(packs))
         result = {"error": None}
     except BaseException as error:  # noqa: BLE001 - recorded for the test

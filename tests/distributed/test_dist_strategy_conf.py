@@ -33,13 +33,19 @@ def _strategy(name: str, *overrides: str) -> FSDP2ExpertParallelStrategy:
     return instantiate(cfg.strategy)
 
 
-def test_gpu_strategy_conf_is_bf16_params_fp32_reduce_with_activation_checkpointing() -> None:
+def test_gpu_strategy_conf_is_bf16_params_fp32_reduce() -> None:
     strategy = _strategy("fsdp_ep_gpu", "strategy.parallel.ep=8")
     assert isinstance(strategy, FSDP2ExpertParallelStrategy)
-    assert strategy.parallel == ParallelConfig(ep=8, param_dtype="bfloat16", reduce_dtype="float32",
-                                               activation_checkpointing=True)
+    assert strategy.parallel == ParallelConfig(ep=8, param_dtype="bfloat16", reduce_dtype="float32")
     assert strategy.rules == OFFICIAL_PLAN
     assert strategy._timeout.total_seconds() == 1800  # handed to the process group
+
+
+@pytest.mark.parametrize(("key", "knob"), [("activation_checkpointing", "model.config.gradient_checkpointing=full"),
+                                           ("conditional_rule", "every conditional module always joins")])
+def test_a_removed_strategy_key_names_the_knob_to_use(key: str, knob: str) -> None:
+    with pytest.raises(Exception, match=rf"strategy\.parallel\.{key} was removed; use .*{knob}"):
+        _strategy("fsdp_ep", f"+strategy.parallel.{key}=true")
 
 
 def test_strategy_conf_rejects_a_bad_size_naming_it() -> None:

@@ -19,7 +19,9 @@ SP2 = ["strategy=fsdp_ep", "trainer.devices=2", "strategy.parallel.sp=2"]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    """The test's environment, with this directory on PYTHONPATH (`seed_strategy`)."""
+    here = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here])))
     env.pop("HYDRA_FULL_ERROR", None)
     return env
 
@@ -50,7 +52,7 @@ def test_sp2_logs_the_losses_of_one_process(tmp_path: Path) -> None:
     (["strategy.parallel.sp=2", "model.config.num_attention_heads=6", "model.config.num_key_value_heads=3"], 2,
      "strategy.parallel.sp=2 and num_key_value_heads=3: one must divide the other"),
     # longest first: the first pack's first half holds no image target, so rank 0 skips the image head
-    (["strategy.parallel.sp=2", "strategy.parallel.conditional_rule=false", "data.pack_order=longest_first"], 1,
+    (["strategy.parallel.sp=2", "strategy._target_=seed_strategy.SeedStrategy", "data.pack_order=longest_first"], 1,
      "conditional modules disagree across ranks before backward"),
 ], ids=["sp_not_dividing_world", "sp_not_splitting_heads", "participation_check"])
 def test_a_failing_job_ends_every_rank_cleanly_with_one_error_line(tmp_path: Path, overrides, status,

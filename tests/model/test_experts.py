@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from model_helpers import make_batch
 
 from lumina.model import GroupedExperts, LocalDispatcher, LuminaConfig, LuminaModel, MoE
-from lumina.model import experts as experts_module
-from lumina.model.experts import grouped_mm_supported, grouped_swiglu
+from lumina.model.dispatch import combine_copies, group_by_expert
+from lumina.model.experts import grouped_mm_supported, grouped_swiglu, inverse_permutation
 
 E, H, INTER, K = 8, 32, 16, 2
 
@@ -38,17 +38,26 @@ def _routed(backend: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return experts, x, ids, weights
 
 
-# one chunk; 3 tokens a chunk (40 tokens: a ragged last chunk); 1 token a chunk
-@pytest.mark.parametrize("chunk_bytes", [8 * 2**20, 3 * K * H * 4, 1])
+def _sorted_rows_path(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                     experts: GroupedExperts) -> torch.Tensor:
+    """The expert-parallel path without its all-to-all: gather -> experts on sorted rows -> combine_copies."""
+    order, counts = group_by_expert(ids, E)
+    rows = experts(x.index_select(0, order // K), counts)
+    return combine_copies(rows, weights, order, inverse_permutation(order))
+
+
+def _routed_path(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                 experts: GroupedExperts) -> torch.Tensor:
+    """The local path: the experts gather, compute and weigh in one step."""
+    return LocalDispatcher().run_experts(x, ids, weights, experts)
+
+
+@pytest.mark.parametrize("path", [_routed_path, _sorted_rows_path])
 @pytest.mark.parametrize("backend", ["grouped_mm", "loop"])
-def test_grouped_experts_equal_the_boolean_mask_reference_outputs_and_grads(backend: str, chunk_bytes: int) -> None:
+def test_grouped_experts_equal_the_boolean_mask_reference_outputs_and_grads(backend: str, path) -> None:  # noqa: ANN001
     experts, x, ids, weights = _routed(backend)
     weights.requires_grad_()
-    dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
-    x_local, counts, ctx = dispatcher.dispatch(x, ids, E)
-    assert counts.tolist() == torch.bincount(ids.flatten(), minlength=E).tolist()
-    assert ctx.step == max(1, chunk_bytes // (K * H * 4))  # tokens per chunk
-    got = dispatcher.combine(experts(x_local, counts), weights, ctx)
+    got = path(x, ids, weights, experts)
     g = torch.randn_like(got)
     params = [x, weights, experts.gate_proj, experts.up_proj, experts.down_proj]
     grads = torch.autograd.grad(got, params, g)
@@ -64,8 +73,8 @@ def test_grouped_mm_and_loop_backends_agree() -> None:
     results = []
     for backend in ("grouped_mm", "loop"):
         experts, x, ids, weights = _routed(backend, seed=3)
-        x_local, counts, _ = LocalDispatcher().dispatch(x, ids, E)
-        y = experts(x_local, counts)
+        order, counts = group_by_expert(ids, E)
+        y = experts(x.index_select(0, order // K), counts)
         y.sum().backward()  # an expanded gradient: must reach _grouped_mm contiguous
         results.append((y, x.grad, experts.gate_proj.grad, experts.down_proj.grad))
     assert grouped_mm_supported(torch.zeros(1, H), torch.zeros(E, INTER, H))  # the grouped kernel really ran
@@ -86,14 +95,10 @@ def _plain_grouped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
     return torch._grouped_mm(hidden, down.mT, offs=offsets)
 
 
-# whole; 8-row chunks, so an expert's rows span several and several small experts share one
-@pytest.mark.parametrize("chunk_bytes", [2**20, 8 * H * 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_swiglu_equals_the_autograd_composition_to_the_bit(dtype: torch.dtype, chunk_bytes: int,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(experts_module, "CPU_CHUNK_BYTES", chunk_bytes)
+def test_grouped_swiglu_equals_the_autograd_composition_to_the_bit(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    counts = torch.tensor([0, 21, 3, 0, 1, 30, 2, 0])  # empty experts, one larger than a chunk
+    counts = torch.tensor([0, 21, 3, 0, 1, 30, 2, 0])  # empty experts
     x = torch.randn(int(counts.sum()), H, dtype=dtype)
     weights = _expert_weights(dtype, scale=0.2)
     grad = torch.randn(x.shape[0], H, dtype=dtype)
@@ -153,22 +158,21 @@ def test_tokens_per_expert_must_cover_the_local_experts() -> None:
 
 
 class RecordingDispatcher:
-    """The protocol's required part only (dispatch, combine; no `run_experts`), counting dispatch calls."""
+    """Another dispatcher: gather -> experts on sorted rows -> combine (the expert-parallel path's steps on one
+    device), counting its calls."""
 
     def __init__(self) -> None:
-        self.local = LocalDispatcher()
         self.calls = 0
 
-    def dispatch(self, x, topk_ids, num_experts):  # noqa: ANN001, ANN201
+    def run_experts(self, x, topk_ids, topk_weights, experts):  # noqa: ANN001, ANN201
         self.calls += 1
-        return self.local.dispatch(x, topk_ids, num_experts)
-
-    def combine(self, y_local, topk_weights, ctx):  # noqa: ANN001, ANN201
-        return self.local.combine(y_local, topk_weights, ctx)
+        order, counts = group_by_expert(topk_ids, experts.num_local_experts)
+        rows = experts(x.index_select(0, order // topk_ids.shape[1]), counts)
+        return combine_copies(rows, topk_weights, order, inverse_permutation(order))
 
 
 def test_the_dispatcher_is_a_replaceable_object() -> None:
-    """A dispatcher without `run_experts` gets dispatch -> experts -> combine, equal to the local fused step."""
+    """The MoE calls whatever dispatcher it holds; the sorted-rows steps equal the local fused step."""
     cfg = LuminaConfig.tiny()
     torch.manual_seed(0)
     moe = MoE(cfg)
@@ -214,15 +218,13 @@ def test_gradient_checkpointing_gives_equal_grads_and_counts_once() -> None:
         torch.testing.assert_close(grads[1][name], g, msg=name)
 
 
-@pytest.mark.parametrize("chunk_bytes", [8 * 2**20, 3 * K * H * 4])
-def test_bf16_combine_weighs_and_sums_in_fp32(chunk_bytes: int) -> None:
+def test_bf16_combine_weighs_and_sums_in_fp32() -> None:
     """bf16 copies: output = bf16(sum_k w * y.float()), grads follow the fp32 computation."""
     _, _, ids, weights = _routed("grouped_mm")
     x = torch.randn(40, H, dtype=torch.bfloat16, requires_grad=True)
     w = weights.clone().requires_grad_()
-    dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
-    x_local, _, ctx = dispatcher.dispatch(x, ids, E)
-    out = dispatcher.combine(x_local * 3, w, ctx)
+    order, _ = group_by_expert(ids, E)
+    out = combine_copies(x.index_select(0, order // K) * 3, w, order, inverse_permutation(order))
     g = torch.randn(40, H, dtype=torch.bfloat16)
     out.backward(g)
     copies = (x.detach() * 3).float().unsqueeze(1)  # every copy of token t is bf16(3 * x[t])

@@ -9,8 +9,16 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from lumina.data.roles import IGNORE_INDEX
 from lumina.model import LuminaConfig, LuminaModel
-from lumina.model.flops import attention_pairs, pack_counts, segment_lengths, training_flops
+from lumina.model.flops import (
+    attention_pairs,
+    batch_flops,
+    pack_attention_pairs,
+    segment_lengths,
+    training_flops,
+)
+from lumina.model.supervision import PackRows
 from lumina.objective import LuminaObjective
 from lumina.training.data_factory import build_datamodule
 
@@ -45,9 +53,9 @@ def world_pack():
     dm = build_datamodule(data, config)
     dm.setup("fit")
     for batch in dm.train_dataloader():  # the first pack with text and image targets, a source image, tail padding
-        counts = pack_counts(batch, "segmented")
+        rows = PackRows.of(batch)
         padded = sum(segment_lengths(batch)) < batch.seq_len
-        if counts.text_rows and counts.image_rows and counts.image_input_rows > counts.image_rows and padded:
+        if rows.text and rows.image and rows.image_inputs > rows.image and padded:
             return batch
     raise AssertionError("no pack holds text and image targets")
 
@@ -67,20 +75,20 @@ def test_analytic_training_flops_match_the_flop_counter(world_pack, backend: str
     lengths = segment_lengths(world_pack)
     seq_len = world_pack.seq_len
     assert len(lengths) >= 2 and sum(lengths) < seq_len  # several samples and tail padding
-    counts = pack_counts(world_pack, backend)
-    assert counts.text_rows > 0 and counts.image_rows > 0 and counts.image_input_rows > counts.image_rows
+    rows, pairs = PackRows.of(world_pack), pack_attention_pairs(world_pack, backend)
+    assert rows.text > 0 and rows.image > 0 and rows.image_inputs > rows.image
     measured, config = measured_flops(backend, world_pack)
-    analytic = training_flops(config, counts)
+    analytic = training_flops(config, rows, pairs)
     assert analytic == pytest.approx(measured, rel=0.02)
     # the attention pairs differ by backend: the full S x S matrix vs one block per sample
     want = seq_len * seq_len if backend == "sdpa_dense" else sum(n * n for n in lengths)
-    assert counts.attention_pairs == want
+    assert pairs == want
 
 
 def test_segmented_attention_saves_what_the_counter_sees(world_pack) -> None:
     dense, config = measured_flops("sdpa_dense", world_pack)
     segmented, _ = measured_flops("segmented", world_pack)
-    saved = [training_flops(config, pack_counts(world_pack, b)) for b in ("sdpa_dense", "segmented")]
+    saved = [batch_flops(config, world_pack, b) for b in ("sdpa_dense", "segmented")]
     assert dense - segmented > 0.1 * dense
     assert saved[0] - saved[1] == pytest.approx(dense - segmented, rel=0.02)
 
@@ -96,13 +104,13 @@ def test_flex_counts_the_visible_pairs_of_the_block_diffusion_mask(world_pack) -
 def test_heads_cost_only_supervised_rows(world_pack) -> None:
     # unlabel half of the supervised rows: the head FLOPs the counter sees fall as the analytic count says
     fewer = dataclasses.replace(world_pack, labels=world_pack.labels.clone())
-    supervised = (fewer.labels[0] != -100).any(dim=1).nonzero()[:, 0]
-    fewer.labels[0, supervised[::2]] = -100
-    before, after = pack_counts(world_pack, "segmented"), pack_counts(fewer, "segmented")
-    assert after.image_rows < before.image_rows and after.rows == before.rows
+    supervised = (fewer.labels[0] != IGNORE_INDEX).any(dim=1).nonzero()[:, 0]
+    fewer.labels[0, supervised[::2]] = IGNORE_INDEX
+    before, after = PackRows.of(world_pack), PackRows.of(fewer)
+    assert after.image < before.image and after.positions == before.positions
     measured = [measured_flops("segmented", b)[0] for b in (world_pack, fewer)]
     config = LuminaConfig.tiny()
-    analytic = [training_flops(config, c) for c in (before, after)]
+    analytic = [batch_flops(config, b, "segmented") for b in (world_pack, fewer)]
     assert measured[0] - measured[1] > 0.05 * measured[0]
     assert analytic[0] - analytic[1] == pytest.approx(measured[0] - measured[1], rel=0.02)
 
@@ -112,7 +120,9 @@ def test_sequence_parallel_windows_add_up_to_the_pack(world_pack, backend: str) 
     """Each sp rank counts its own rows and 1/sp of the pack's attention (it attends with heads / sp)."""
     from lumina.distributed.sequence import SequenceShard
 
-    whole = pack_counts(world_pack, backend)
-    windows = [pack_counts(SequenceShard(rank, 2, 0).local(world_pack), backend) for rank in (0, 1)]
-    for field in ("rows", "image_input_rows", "text_rows", "image_rows", "attention_pairs"):
-        assert sum(getattr(w, field) for w in windows) == getattr(whole, field), field
+    windows = [SequenceShard(rank, 2, 0).local(world_pack) for rank in (0, 1)]
+    whole, parts = PackRows.of(world_pack), [PackRows.of(w) for w in windows]
+    for field in ("positions", "image_inputs", "text", "image"):
+        assert sum(getattr(p, field) for p in parts) == getattr(whole, field), field
+    pairs = [pack_attention_pairs(w, backend) for w in windows]
+    assert sum(pairs) == pack_attention_pairs(world_pack, backend)

@@ -14,7 +14,8 @@ from lumina_reference import moe as reference_moe
 from torch.utils.checkpoint import checkpoint
 
 from lumina.model import LocalDispatcher, LuminaConfig, MoE, Router
-from lumina.model.experts import RoutedCopies, routed_swiglu
+from lumina.model.dispatch import combine_copies, group_by_expert
+from lumina.model.experts import RoutedCopies, inverse_permutation, routed_swiglu
 
 # the small config of the memory figures: hidden 256, 64 experts top-8, groups 8/4, moe_intermediate 128
 SMALL = dict(hidden_size=256, num_experts=64, num_experts_per_tok=8, n_group=8, topk_group=4,
@@ -64,22 +65,17 @@ def saved_bytes_per_token_before(cfg: LuminaConfig) -> int:
     return saved_bytes_per_token_after(cfg) + 8 * k * h + 4 * k * i + 8 * k + 4 * cfg.num_experts
 
 
-# whole tensors (the [T*k, H] temporary fits a chunk; grouped_mm keeps the int32 expert offsets [E]), and
-# blocks of 1 MiB
-@pytest.mark.parametrize(("backend", "tokens", "chunk_bytes", "per_layer_bytes"),
-                         [("grouped_mm", 96, 2**20, 4 * 64), ("grouped_mm", 512, 2**20, 0),
-                          ("loop", 96, 2**20, 0), ("loop", 512, 2**20, 0)])
-def test_moe_layer_saves_the_formula_bytes_per_token(backend: str, tokens: int, chunk_bytes: int,
-                                                     per_layer_bytes: int) -> None:
-    cfg = LuminaConfig.tiny(**SMALL, moe_backend=backend)
+@pytest.mark.parametrize("tokens", [96, 512])
+def test_moe_layer_saves_the_formula_bytes_per_token(tokens: int) -> None:
+    """The fused local path (backend grouped_mm); per layer it also keeps the int32 expert offsets [E]."""
+    cfg = LuminaConfig.tiny(**SMALL)
     torch.manual_seed(0)
     moe = MoE(cfg)
-    moe.dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
     x = torch.randn(1, tokens, cfg.hidden_size, requires_grad=True)
     params = {p.untyped_storage().data_ptr() for p in moe.parameters()}
     (y, _), saved = _saved_by_graph(lambda: moe(x), params)
     total = sum(nbytes for _, nbytes in saved.values())
-    assert total == tokens * saved_bytes_per_token_after(cfg) + per_layer_bytes
+    assert total == tokens * saved_bytes_per_token_after(cfg) + 4 * cfg.num_experts
     assert total < tokens * saved_bytes_per_token_before(cfg)
     copies = tokens * cfg.num_experts_per_tok
     assert max(nbytes for _, nbytes in saved.values()) < copies * cfg.hidden_size * 4  # no [T*k, H] tensor
@@ -97,15 +93,12 @@ def _reference_grads(moe: MoE, x: torch.Tensor, grad: torch.Tensor,
     return y, ids, list(torch.autograd.grad(y, [x, *moe.parameters()], grad))
 
 
-# whole tensors (grouped_mm within one chunk); blocks of at most 3 rows; blocks of one row
-@pytest.mark.parametrize("chunk_bytes", [2**20, 3 * 64 * 4, 1])
 @pytest.mark.parametrize("backend", ["grouped_mm", "loop"])
 @pytest.mark.parametrize("tokens", [1, 5, 40])
-def test_fused_moe_equals_the_per_token_reference(backend: str, chunk_bytes: int, tokens: int) -> None:
+def test_fused_moe_equals_the_per_token_reference(backend: str, tokens: int) -> None:
     cfg = LuminaConfig.tiny(**REF, moe_backend=backend)
     torch.manual_seed(tokens)
     moe = MoE(cfg)
-    moe.dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
     with torch.no_grad():
         moe.gate.expert_bias.copy_(0.3 * torch.randn(cfg.num_experts))
     x = torch.randn(tokens, cfg.hidden_size, requires_grad=True)
@@ -133,8 +126,7 @@ def _composed_routed(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down
 
 # which inputs want a gradient: all; the expert weights only (frozen activations and router)
 @pytest.mark.parametrize("wanted", [(True, True, True), (False, False, True)])
-@pytest.mark.parametrize("chunk_bytes", [2**20, 2 * 32 * 4])
-def test_routed_swiglu_equals_the_copy_by_copy_composition(chunk_bytes: int, wanted: tuple[bool, ...]) -> None:
+def test_routed_swiglu_equals_the_copy_by_copy_composition(wanted: tuple[bool, ...]) -> None:
     torch.manual_seed(1)
     num_experts, hidden, inter, top_k, tokens = 8, 32, 16, 3, 11
     used = torch.tensor([0, 1, 2, 3, 4, 5, 7])  # expert 6 gets no copy
@@ -148,23 +140,21 @@ def test_routed_swiglu_equals_the_copy_by_copy_composition(chunk_bytes: int, wan
     grad = torch.randn(tokens, hidden)
     inputs = [t for t, want in zip([x, weights, *experts], [*wanted[:2], wanted[2], wanted[2], wanted[2]],
                                    strict=True) if want]
-    got = routed_swiglu(x, *experts, counts, RoutedCopies(order, weights, chunk_bytes))
+    got = routed_swiglu(x, *experts, counts, RoutedCopies(order, weights))
     want = _composed_routed(x, *experts, ids, weights)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     if wanted[2]:
-        grad_gate = torch.autograd.grad(routed_swiglu(x, *experts, counts, RoutedCopies(order, weights, chunk_bytes)),
+        grad_gate = torch.autograd.grad(routed_swiglu(x, *experts, counts, RoutedCopies(order, weights)),
                                         experts[0], grad)[0]
         assert bool(grad_gate[6].eq(0).all()) and bool(grad_gate[1].ne(0).any())  # the empty expert: zero
 
 
-@pytest.mark.parametrize("chunk_bytes", [2**20, 1])
-def test_fused_moe_recomputes_under_checkpointing_and_refuses_a_second_backward(chunk_bytes: int) -> None:
+def test_fused_moe_recomputes_under_checkpointing_and_refuses_a_second_backward() -> None:
     cfg = LuminaConfig.tiny(**REF)
     torch.manual_seed(0)
     moe = MoE(cfg)
-    moe.dispatcher = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
     x = torch.randn(1, 9, cfg.hidden_size, requires_grad=True)
     params = [x, *moe.parameters()]
     plain = torch.autograd.grad(moe(x)[0].square().sum(), params)
@@ -176,9 +166,8 @@ def test_fused_moe_recomputes_under_checkpointing_and_refuses_a_second_backward(
         torch.autograd.grad(y.square().sum(), params)
 
 
-@pytest.mark.parametrize("chunk_bytes", [2**20, 1])
-def test_bf16_fused_moe_is_as_close_to_fp64_as_the_unfused_path(chunk_bytes: int) -> None:
-    """bf16: the fused step rounds in other places than dispatch -> experts -> combine; neither is further
+def test_bf16_fused_moe_is_as_close_to_fp64_as_the_unfused_path() -> None:
+    """bf16: the fused step rounds in other places than gather -> experts -> combine; neither is further
     than twice the other's error from the fp64 computation (the same module in float64)."""
     cfg = LuminaConfig.tiny(**REF)
     torch.manual_seed(0)
@@ -194,11 +183,13 @@ def test_bf16_fused_moe_is_as_close_to_fp64_as_the_unfused_path(chunk_bytes: int
         y, _ = module(leaf)
         return [y.detach(), *torch.autograd.grad(y, [leaf, *module.parameters()], grad.to(dtype))]
 
-    class Unfused:  # dispatch/combine only: MoE takes the unfused path
-        local = LocalDispatcher(cpu_chunk_bytes=chunk_bytes)
-        dispatch, combine = local.dispatch, local.combine
+    class Unfused:  # the expert-parallel path's steps on one device: gather -> experts on sorted rows -> combine
+        def run_experts(self, x, topk_ids, topk_weights, experts):  # noqa: ANN001, ANN201
+            order, counts = group_by_expert(topk_ids, experts.num_local_experts)
+            rows = experts(x.index_select(0, order // topk_ids.shape[1]), counts)
+            return combine_copies(rows, topk_weights, order, inverse_permutation(order))
 
-    fused = run(moe, LocalDispatcher(cpu_chunk_bytes=chunk_bytes), torch.bfloat16)
+    fused = run(moe, LocalDispatcher(), torch.bfloat16)
     unfused = run(moe, Unfused(), torch.bfloat16)
     truth = run(exact, Unfused(), torch.float64)
     for a, b, t in zip(fused, unfused, truth, strict=True):
@@ -230,3 +221,21 @@ def test_router_equals_the_plain_composition_to_the_bit_and_keeps_no_wide_tensor
     assert sorted(shape for shape, _ in saved.values()) == sorted([(37, cfg.hidden_size), (37, top_k), (37, top_k)]
                                                                   + ([(37, 1)] if top_k > 1 else []))
     assert x.untyped_storage().data_ptr() in saved
+
+
+def test_the_combine_in_token_chunks_equals_it_whole_to_the_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sum_copies` gathers the copies COMBINE_CHUNK_BYTES at a time (forward and backward of the fused
+    path): one token per chunk gives the same outputs and gradients as one chunk."""
+    from lumina.model import experts
+
+    cfg = LuminaConfig.tiny(**REF)
+    torch.manual_seed(0)
+    moe = MoE(cfg)
+    x = torch.randn(1, 9, cfg.hidden_size, requires_grad=True)
+    results = []
+    for chunk_bytes in (2**30, 1):
+        monkeypatch.setattr(experts, "COMBINE_CHUNK_BYTES", chunk_bytes)
+        y = moe(x)[0]
+        results.append([y, *torch.autograd.grad(y.square().sum(), [x, *moe.parameters()])])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)

@@ -31,15 +31,16 @@ def test_cpu_peak_covers_a_fresh_allocation() -> None:
     assert block[-1] == 1
 
 
-@needs_proc
-def test_every_step_logs_a_non_decreasing_peak_at_least_the_rss_before_the_fit(tmp_path: Path) -> None:
+def test_every_step_logs_a_non_decreasing_peak_at_least_the_peak_before_the_fit(tmp_path: Path) -> None:
+    """Like with like: the process's peak before the fit and the logged peaks are the same counter (the
+    kernel updates it lazily, so the current RSS may run ahead of it for a while)."""
     cfg = compose_train(["experiment=debug", *quiet(tmp_path), *small_data(), "logger=csv", "trainer.max_steps=3",
                          "trainer.limit_val_batches=0", "callbacks.checkpoint=null", "callbacks.hf_export=null"])
-    rss_before = current_rss_gib()
+    peak_before = peak_memory_gib(torch.device("cpu"))
     run(cfg)
     rows = csv.DictReader((tmp_path / "csv" / "version_0" / "metrics.csv").open())
     peaks = {int(r["step"]): float(r["train/peak_mem_gib"]) for r in rows if r.get("train/loss")}
     assert sorted(peaks) == [0, 1, 2]
     series = [peaks[step] for step in sorted(peaks)]
     assert all(a <= b for a, b in zip(series, series[1:], strict=False)), series
-    assert series[0] >= rss_before > 0, (series, rss_before)
+    assert series[0] >= peak_before > 0, (series, peak_before)

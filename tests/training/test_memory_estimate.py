@@ -1,6 +1,6 @@
 """`estimate_step_memory` and `lumina-train estimate_memory=true`: the parameter count equals the module tree's,
 the activation count equals what autograd saves, the estimate is within 25% of a measured step's peak-RSS rise
-(fresh subprocess, `lumina.training.step_memory`), and the CLI prints the table and the fit verdict."""
+(fresh subprocess, experiments/bench/step_memory.py), and the CLI prints the table and the fit verdict."""
 
 from __future__ import annotations
 
@@ -14,20 +14,19 @@ import pytest
 import torch
 from train_helpers import compose_train, quiet, run_cli
 
-from lumina.model import GroupedExperts, LuminaConfig, LuminaModel, count_parameters
+from lumina.cli.memory import estimate_from_cfg
+from lumina.model import LuminaConfig, LuminaModel, count_parameters
+from lumina.model.params import parameter_counts
+from lumina.model.supervision import PackRows
 from lumina.objective import LuminaObjective
 from lumina.training.errors import ConfigError
-from lumina.training.memory_estimate import (
-    GIB,
-    PackRows,
-    Precision,
-    estimate_from_cfg,
-    estimate_step_memory,
-    parameter_counts,
-)
-from lumina.training.step_memory import SMALL_CONFIG, pack_rows, world_pack
+from lumina.training.memory_estimate import GIB, Precision, estimate_step_memory
 
 REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "experiments" / "bench"
+sys.path.insert(0, str(BENCH))
+from step_memory import SMALL_CONFIG, world_pack  # noqa: E402 - the benchmark's model and pack
+
 SMALL = LuminaConfig.official(**SMALL_CONFIG, attn_backend="segmented")
 TEST_FIELDS = {"vocab_size": 4096, "pad_token_id": 0}  # the small config with a short vocabulary: a quick step
 needs_peak_reset = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(),
@@ -40,13 +39,24 @@ needs_peak_reset = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists()
     LuminaConfig.official(),
     LuminaConfig.tiny(num_shared_experts=None, use_qkv_bias=True, use_bias=True, first_k_dense_replace=0),
 ], ids=["tiny", "small", "official", "tiny-variant"])
-def test_parameter_counts_equal_the_module_tree(config: LuminaConfig) -> None:
+def test_parameter_counts_split_the_model_into_its_fsdp_units(config: LuminaConfig) -> None:
+    """The units (conditional modules, decoder layers) plus the final norm hold every parameter once; the
+    routed experts are 3 E I H per MoE layer."""
     counts = parameter_counts(config)
-    with torch.device("meta"):
-        model = LuminaModel(config)
-    experts = sum(p.numel() for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters())
-    assert counts.total == count_parameters(model)
-    assert counts.experts == experts
+    assert sum(map(sum, counts.units.values())) + config.hidden_size == counts.total == count_parameters(config)
+    moe_intermediate, hidden = config.moe_intermediate_size, config.hidden_size
+    assert counts.experts == config.num_moe_layers * 3 * config.num_experts * moe_intermediate * hidden
+
+
+def test_the_heads_weight_gradients_are_counted_unsharded_under_fsdp() -> None:
+    """The fused losses hold [V, H] and C x [K, H] weight gradients from the forward to the backward: under
+    FSDP those of the unsharded weights (1.2 GiB for the official text head in fp32), on one rank none extra."""
+    config = LuminaConfig.official()
+    heads = (config.vocab_size + config.num_codebooks * config.codebook_size) * config.hidden_size
+    single = estimate_step_memory(config, 4096, "full")
+    sharded = estimate_step_memory(config, 4096, "full", shard=8, ep=8)
+    assert sharded.head_losses - single.head_losses == heads * 4
+    assert config.vocab_size * config.hidden_size * 4 / GIB == pytest.approx(1.2, abs=0.01)
 
 
 def saved_activation_bytes(model: LuminaModel, batch) -> int:  # noqa: ANN001 - a PackedBatch
@@ -68,21 +78,21 @@ def saved_activation_bytes(model: LuminaModel, batch) -> int:  # noqa: ANN001 - 
 def test_activation_count_equals_what_autograd_saves() -> None:
     config = LuminaConfig.tiny(attn_backend="segmented")
     batch = world_pack(512, num_codebooks=config.num_codebooks)
-    rows = {k: v for k, v in pack_rows(batch).items() if k != "seq_len"}
-    assert rows["image"] > 0 and rows["text"] > 0, rows  # the pack exercises both heads
+    rows = PackRows.of(batch)
+    assert rows.image > 0 and rows.text > 0, rows  # the pack exercises both heads
     torch.manual_seed(0)
     saved = saved_activation_bytes(LuminaModel(config), batch)
-    estimate = estimate_step_memory(config, 512, "none", PackRows(**rows))
+    estimate = estimate_step_memory(config, 512, "none", rows)
     assert abs(estimate.activations / saved - 1) < 0.05, (estimate.activations, saved)
 
 
 def test_checkpointing_keeps_less_and_the_backbone_scales_with_seq_len() -> None:
-    rows = PackRows(text=0, image=0, image_inputs=0, segment_len=64)
+    rows = PackRows(positions=4096, text=0, image=0, image_inputs=0, segment_len=64)
     act = {p: estimate_step_memory(SMALL, 4096, p, rows).activations for p in ("none", "selective", "full")}
     assert act["none"] > act["selective"] > act["full"], act
-    long = estimate_step_memory(SMALL, 8192, "full", rows)
+    long = estimate_step_memory(SMALL, 8192, "full", PackRows(8192, 0, 0, 0, 64))
     assert long.activation_bytes_per_token == pytest.approx(act["full"] / 4096, rel=0.02)
-    image_rows = PackRows(0, 1000, 1000, 64)
+    image_rows = PackRows(4096, 0, 1000, 1000, 64)
     channel_head = 1000 * 8 * 6 * 32 * 256 * 4  # 32 D per position and block
     images = estimate_step_memory(SMALL, 4096, "none", image_rows)
     assert images.activations > act["none"] + channel_head
@@ -107,7 +117,9 @@ def test_sharding_divides_the_parameter_state() -> None:
     (lambda: estimate_step_memory(SMALL, 64, shard=4, ep=3), r"ep=3"),
     (lambda: PackRows.assume(64, text_rows=0.8, image_rows=0.5), r"memory_pack.text_rows=0.8"),
     (lambda: PackRows.assume(64, image_rows=1.5), r"memory_pack.image_rows=1.5"),
-    (lambda: PackRows(text=-1, image=0, image_inputs=0, segment_len=1), r"PackRows.text=-1"),
+    (lambda: PackRows(positions=8, text=-1, image=0, image_inputs=0, segment_len=1), r"PackRows.text=-1"),
+    (lambda: PackRows(positions=8, text=5, image=4, image_inputs=4, segment_len=1), r"more rows than positions=8"),
+    (lambda: estimate_step_memory(SMALL, 64, rows=PackRows.assume(32)), r"rows.positions=32"),
     (lambda: Precision.of("8-bit"), r"trainer.precision='8-bit'"),
 ])
 def test_bad_inputs_name_the_field(call, match) -> None:
@@ -116,8 +128,8 @@ def test_bad_inputs_name_the_field(call, match) -> None:
 
 
 def measured_step(seq_len: int, policy: str, tasks: dict[str, float]) -> dict:
-    """`python -m lumina.training.step_memory` in a fresh process: its final JSON record."""
-    command = [sys.executable, "-m", "lumina.training.step_memory", "--seq-len", str(seq_len), "--policy", policy,
+    """experiments/bench/step_memory.py in a fresh process: its final JSON record."""
+    command = [sys.executable, str(BENCH / "step_memory.py"), "--seq-len", str(seq_len), "--policy", policy,
                "--config", json.dumps(TEST_FIELDS), "--tasks", json.dumps(tasks), "--threads", "1"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -130,9 +142,9 @@ def measured_step(seq_len: int, policy: str, tasks: dict[str, float]) -> dict:
 ])
 def test_estimate_is_within_25_percent_of_a_measured_step(seq_len: int, policy: str, tasks: dict) -> None:
     record = measured_step(seq_len, policy, tasks)
-    rows = {k: v for k, v in record["rows"].items() if k != "seq_len"}
-    assert record["peak_reset"] and record["rows"]["seq_len"] == seq_len
-    estimate = estimate_step_memory(LuminaConfig.official(**record["config"]), seq_len, policy, PackRows(**rows),
+    rows = PackRows(**record["rows"])
+    assert record["peak_reset"] and rows.positions == seq_len
+    estimate = estimate_step_memory(LuminaConfig.official(**record["config"]), seq_len, policy, rows,
                                     optimizer="sgd")
     assert 0.75 <= estimate.step_rise / record["rise_bytes"] <= 1.25, (estimate.step_rise, record["rise_bytes"])
 
@@ -181,8 +193,7 @@ def test_config_estimate_follows_the_strategy_and_the_pack(tmp_path: Path) -> No
     base = ["data.seq_len=1024", *quiet(tmp_path)]
     single = estimate_from_cfg(compose_train(base))
     sharded = estimate_from_cfg(compose_train([*base, "strategy=fsdp_ep", "trainer.devices=2",
-                                               "strategy.parallel.ep=2",
-                                               "strategy.parallel.activation_checkpointing=true"]))
+                                               "strategy.parallel.ep=2", "model.config.gradient_checkpointing=full"]))
     assert (sharded.shard, sharded.ep, sharded.policy) == (2, 2, "full")
     assert sharded.parameters == math.ceil(single.parameter_count / 2) * 4
     text_only = estimate_from_cfg(compose_train([*base, "memory_pack.image_rows=0", "memory_pack.text_rows=1"]))

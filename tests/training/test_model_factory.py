@@ -3,8 +3,8 @@
 import torch
 
 from lumina.checkpoint import save_pretrained
+from lumina.checkpoint.model_factory import build_model
 from lumina.model import LuminaConfig, LuminaModel
-from lumina.training.model_factory import build_model
 
 
 def test_meta_init_materialises_every_tensor():

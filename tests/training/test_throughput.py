@@ -13,10 +13,10 @@ import torch
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 from train_helpers import compose_train, quiet, run_cli, small_data
 
-from lumina.model.flops import pack_counts, training_flops
+from lumina.model.flops import batch_flops, nominal_attention_pairs, training_flops
+from lumina.model.supervision import PackRows
 from lumina.training import build
-from lumina.training.memory_estimate import PackRows
-from lumina.training.throughput import ThroughputCallback, nominal_counts, table_peak_tflops
+from lumina.training.throughput import ThroughputCallback, table_peak_tflops
 
 
 class StepBatches(L.Callback):
@@ -44,7 +44,7 @@ def test_each_step_logs_its_flops_achieved_rate_and_mfu(tmp_path):
     backend = module.model.model.attn_backend
     seconds = []
     for step, row in rows.items():
-        want = sum(training_flops(module.model_config, pack_counts(b, backend)) for b in batches.by_step[step])
+        want = sum(batch_flops(module.model_config, b, backend) for b in batches.by_step[step])
         assert float(row["train/flops"]) == want
         assert float(row["train/mfu"]) == pytest.approx(float(row["train/tflops"]) / 2.0)
         seconds.append(want / (float(row["train/tflops"]) * 1e12))  # the step time the rate implies
@@ -82,7 +82,8 @@ def test_cli_run_shows_step_progress_summary_flops_and_the_cpu_probe(tmp_path):
     assert "Epoch 0/-2" not in out and re.search(r"step\s+\S+ 3/3", out), out[-2000:]
     cfg = compose_train(["experiment=debug", *small_data()])
     config = build.model_config(cfg)
-    expected = training_flops(config, nominal_counts(256, PackRows.assume(256, **cfg.memory_pack), "segmented"))
+    rows = PackRows.assume(256, **cfg.memory_pack)
+    expected = training_flops(config, rows, nominal_attention_pairs(rows, "segmented"))
     assert f"Total FLOPs: {get_human_readable_count(expected)}" in out
     peak = re.search(r"MFU peak: ([0-9.e-]+) TFLOP/s \(CPU GEMM probe", (run_dir / "train.log").read_text())
     assert peak, (run_dir / "train.log").read_text()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lumina.attention.backends.common import additive, fill_masked_rows
-from lumina.attention.runs import Run, plain_flags, run_allowed
+from lumina.attention.runs import Run
 from lumina.attention.spec import AttentionSpec
 
 
@@ -22,14 +22,14 @@ def run_plain(spec: AttentionSpec) -> tuple[bool, ...]:
     """Per run: no mask needed. build_spec computes this for the plan backends; a spec built for another
     backend pays one host read here, once."""
     if spec.run_plain is None:
-        spec.run_plain = tuple(bool(p) for p in plain_flags(spec).tolist())
+        spec.run_plain = tuple(bool(p) for p in spec.plain_flags().tolist())
     return spec.run_plain
 
 
 def run_masks(spec: AttentionSpec, dtype: torch.dtype) -> list[torch.Tensor | None]:
     """Additive [m, 1, L, L] masks in `dtype` per run (None for plain runs), cached: sum(L_i^2) elements."""
     return spec.cached(("segmented", dtype), lambda: [
-        None if plain else additive(run_allowed(spec, run), dtype)
+        None if plain else additive(spec.run_allowed(run), dtype)
         for run, plain in zip(spec.runs, run_plain(spec), strict=True)])
 
 

@@ -1,11 +1,13 @@
 """Measured memory of one training step on CPU: the rise of the process's peak RSS over the RSS after setup.
 
-    python -m lumina.training.step_memory --seq-len 2048 [--policy none] [--config '{"vocab_size": 4096}']
+    python experiments/bench/step_memory.py --seq-len 2048 [--policy none] [--config '{"vocab_size": 4096}']
 
 builds a `LuminaConfig.official(...)` model (the memory benchmark's small configuration, with --config's
 fields on top) and one pack of the built-in world's text-QA and text-to-image samples (`world_pack`), then
 runs forward -> `LuminaObjective` -> backward -> SGD step under `measure_step`; it prints a JSON line with the
-baseline before the step (for a watchdog) and one with the whole record after it.
+baseline before the step (for a watchdog) and one with the whole record after it. The glibc heap setting of
+the entry points (`lumina.cli.heap`) is applied where the lumina measured has it; GLIBC_TUNABLES=... in the
+environment leaves glibc's defaults.
 `experiments/bench/memory.py --child` runs this file, and `tests/training/test_memory_estimate.py` checks
 `estimate_step_memory` against it.
 
@@ -170,21 +172,13 @@ def world_pack(seq_len: int, num_codebooks: int = 8, seed: int = 0, tasks: dict[
     return collate_pack(sequences, seq_len, world.tokens.pad, num_codebooks)
 
 
-def pack_rows(batch: Any) -> dict[str, int]:
-    """Rows of a labelled PackedBatch that size the step's activations: supervised text rows (type 3, label
-    set), supervised image rows (type 4, labels set; the channel head's rows) and image input rows (type 2
-    or 4, embedded through the codebook tables), as `LuminaModel.select_rows` / `Backbone.embed` pick them;
-    segment_len = sum(L_i^2) / S over the pack's segments (the segmented backend's masks hold S x that)."""
-    types, labels = batch.type_ids.reshape(-1), batch.labels.reshape(batch.type_ids.numel(), -1)
-    bounds = [int(b) for b in batch.cu_seqlens.tolist()]
-    squares = sum((stop - start) ** 2 for start, stop in zip(bounds, bounds[1:], strict=False))
-    return {
-        "seq_len": int(types.numel()),
-        "text": int(((types == 3) & (labels[:, 0] != -100)).sum()),
-        "image": int(((types == 4) & (labels != -100).any(dim=1)).sum()),
-        "image_inputs": int(((types == 2) | (types == 4)).sum()),
-        "segment_len": max(1, squares // types.numel()),
-    }
+def pack_rows(batch: Any) -> dict[str, int] | None:
+    """`PackRows.of(batch)` as a dict (what the estimate needs), None with a lumina that predates it."""
+    try:
+        from lumina.model.supervision import PackRows
+    except ImportError:
+        return None
+    return asdict(PackRows.of(batch))
 
 
 def training_step(config_fields: dict[str, Any], batch: Any, seed: int = 0) -> Callable[[], None]:
@@ -220,6 +214,12 @@ def run_child(seq_len: int, config_fields: dict[str, Any], warm_steps: int = 0, 
 
     import lumina
 
+    try:
+        from lumina.cli.heap import keep_freed_heap_memory
+    except ImportError:  # an older lumina: glibc's defaults
+        heap_kept = False
+    else:
+        heap_kept = keep_freed_heap_memory()
     if threads:
         torch.set_num_threads(threads)
     fields = {**SMALL_CONFIG, **config_fields}
@@ -227,7 +227,8 @@ def run_child(seq_len: int, config_fields: dict[str, Any], warm_steps: int = 0, 
     step = training_step(fields, batch)
     measured = measure_step(step, warm_steps, announce_baseline)
     return {**asdict(measured), "rise_bytes": measured.rise_bytes, "rows": pack_rows(batch), "config": fields,
-            "lumina": str(Path(lumina.__file__).resolve().parent), "threads": torch.get_num_threads()}
+            "lumina": str(Path(lumina.__file__).resolve().parent), "threads": torch.get_num_threads(),
+            "heap_kept": heap_kept}
 
 
 def policy_fields(policy: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lumina.checkpoint.load import load_hf_state_dict_into, materialise_leftovers
 from lumina.model.config import LuminaConfig
 
 
@@ -16,7 +17,6 @@ def build_model(config: LuminaConfig, init_from: str | Path | None = None, meta_
     (parameters in the current default dtype, so fp32 master weights unless the precision is "-true").
     meta_init: build on meta, then allocate on `device` and run every module's `reset_parameters()` (LuminaModel.init_weights).
     Otherwise build directly (on the default device of the caller's context)."""
-    from lumina.checkpoint import load_hf_state_dict_into, materialise_leftovers
     from lumina.model import LuminaModel
 
     if init_from is not None:

@@ -1,0 +1,97 @@
+"""Which rows of a pack the heads supervise (`supervised_rows`), and `PackRows`, the one count of a pack that
+the model's FLOPs, the throughput callback and the memory estimate read.
+
+The rule (official contract 5.2/5.3): a text-answer row (type 3) is supervised when its column-0 label is
+not IGNORE_INDEX; an image-answer row (type 4) when any of its C labels is not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lumina.data.batch import PackedBatch
+from lumina.data.roles import IGNORE_INDEX, IMAGE_CODE_TYPES, TokenType
+
+
+def _supervised(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A labelled batch -> bool (text [B * S], image [B * S]): the rows each head supervises."""
+    types = batch.type_ids.reshape(-1)
+    labels = batch.labels.reshape(types.numel(), -1)
+    text = (types == TokenType.TEXT_ANSWER) & (labels[:, 0] != IGNORE_INDEX)
+    image = (types == TokenType.IMAGE_ANSWER) & (labels != IGNORE_INDEX).any(dim=1)
+    return text, image
+
+
+def supervised_rows(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """A labelled batch -> (text rows [Nt], image rows [Ni]) as flat row indices b * S + s."""
+    text, image = _supervised(batch)
+    return text.nonzero().squeeze(1), image.nonzero().squeeze(1)
+
+
+def is_image_code_row(type_ids: torch.Tensor) -> torch.Tensor:
+    """type_ids [...] -> bool [...]: rows whose C columns are image codes (types 2 and 4)."""
+    return (type_ids == IMAGE_CODE_TYPES[0]) | (type_ids == IMAGE_CODE_TYPES[1])
+
+
+def _count(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"PackRows.{name}={value!r}: must be an integer >= {low}")
+    return value
+
+
+def _fraction(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be a number in [0, 1]")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PackRows:
+    """What one pack holds: positions (every row runs through the backbone, tail padding too), supervised
+    text rows (the text head's), supervised image rows (the channel head's and the codebook heads'), image
+    input rows (types 2 and 4, embedded through the codebook tables) and segment_len = sum(L_i^2) / positions
+    over its segments (the segmented backend computes and caches positions x segment_len attention pairs)."""
+
+    positions: int
+    text: int
+    image: int
+    image_inputs: int
+    segment_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("positions", "segment_len"):
+            _count(name, getattr(self, name), 1)
+        for name in ("text", "image", "image_inputs"):
+            _count(name, getattr(self, name), 0)
+        if self.text + self.image > self.positions or self.image_inputs > self.positions:
+            raise ValueError(f"PackRows: text {self.text} + image {self.image} rows, image inputs "
+                             f"{self.image_inputs}: more rows than positions={self.positions}")
+
+    @classmethod
+    def of(cls, batch: PackedBatch) -> PackRows:
+        """The counts of a batch (no supervised rows without labels), as `LuminaModel.forward` selects them."""
+        text, image = _supervised(batch) if batch.labels is not None else (batch.type_ids.new_zeros(0),) * 2
+        inputs = is_image_code_row(batch.type_ids)
+        bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
+        positions = batch.type_ids.numel()
+        squares = sum((stop - start) ** 2 for start, stop in zip(bounds, bounds[1:], strict=False))
+        text, image, inputs = torch.stack([text.sum(), image.sum(), inputs.sum()]).tolist()
+        return cls(positions, text, image, inputs, max(1, squares // positions))
+
+    @classmethod
+    def assume(cls, seq_len: int, text_rows: float = 0.25, image_rows: float = 0.5,
+               image_input_rows: float = 1.0, segment_len: int = 2048) -> PackRows:
+        """Rows from fractions of seq_len (conf/train.yaml's memory_pack; image inputs at least the
+        supervised image rows, segment_len at most seq_len)."""
+        _count("positions", seq_len, 1)
+        text = _fraction("memory_pack.text_rows", text_rows)
+        image = _fraction("memory_pack.image_rows", image_rows)
+        inputs = _fraction("memory_pack.image_input_rows", image_input_rows)
+        if text + image > 1.0:
+            raise ValueError(f"memory_pack.text_rows={text} + memory_pack.image_rows={image}: a row is one or "
+                             "the other, so at most 1 together")
+        if isinstance(segment_len, bool) or not isinstance(segment_len, int) or segment_len < 1:
+            raise ValueError(f"memory_pack.segment_len={segment_len!r}: must be an integer >= 1")
+        return cls(seq_len, round(text * seq_len), round(image * seq_len), round(max(inputs, image) * seq_len),
+                   min(segment_len, seq_len))
