@@ -107,9 +107,12 @@ def draw_shape(label: int, size: int, rng: np.random.Generator) -> Image.Image:
     return layer
 
 
-def finish(layer: Image.Image, size: int, rng: np.random.Generator) -> Image.Image:
-    """Ink mask -> a noisy greyscale picture: random background / ink levels, specks, Gaussian noise."""
+def finish(layer: Image.Image, size: int, rng: np.random.Generator, clean: bool = False) -> Image.Image:
+    """Ink mask -> a noisy greyscale picture: random background / ink levels, specks, Gaussian noise
+    (clean: white ink on black, nothing else; an easier variant for the A/Bs)."""
     mask = np.asarray(layer.resize((size, size), Image.LANCZOS), dtype=np.float32) / 255.0
+    if clean:
+        return Image.fromarray((mask * 255).round().astype(np.uint8), mode="L")
     background, ink = rng.uniform(0, 90), rng.uniform(160, 255)
     if rng.random() < 0.5:  # dark ink on a light page as often as light on dark
         background, ink = 255 - background, 255 - ink
@@ -121,7 +124,8 @@ def finish(layer: Image.Image, size: int, rng: np.random.Generator) -> Image.Ima
     return Image.fromarray(np.clip(picture, 0, 255).round().astype(np.uint8), mode="L")
 
 
-def write_dataset(kind: str, out: str | Path, count: int, size: int = 32, seed: int = 0) -> list[dict]:
+def write_dataset(kind: str, out: str | Path, count: int, size: int = 32, seed: int = 0,
+                  clean: bool = False) -> list[dict]:
     """Write `count` pictures of `kind` (balanced over its ten classes) as an imagefolder under `out`."""
     if kind not in CLASSES:
         raise ValueError(f"kind={kind!r}: expected one of {sorted(CLASSES)}")
@@ -136,7 +140,7 @@ def write_dataset(kind: str, out: str | Path, count: int, size: int = 32, seed: 
         name = CLASSES[kind][label]
         file_name = f"{name}/{i:05d}.png"
         (out / name).mkdir(parents=True, exist_ok=True)
-        finish(layer, size, rng).save(out / file_name)
+        finish(layer, size, rng, clean).save(out / file_name)
         lines.append({"file_name": file_name, "text": TEMPLATES[kind].format(name), "label": label})
     (out / "metadata.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return lines
@@ -149,8 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=900)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clean", action="store_true", help="white ink on black, no noise (an easier variant)")
     args = parser.parse_args(argv)
-    lines = write_dataset(args.kind, args.out, args.count, args.size, args.seed)
+    lines = write_dataset(args.kind, args.out, args.count, args.size, args.seed, args.clean)
     print(f"{len(lines)} pictures of {args.kind} in {args.out}")
 
 

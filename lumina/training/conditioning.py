@@ -96,9 +96,10 @@ def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: S
 
 
 class ConditioningCallback(L.Callback):
-    """After each validation, `conditioning_scores` on the first `num_items` held-out samples per task of the
-    datamodule's validation source (a `LayoutSource`; other sources are skipped with one log line).
-    Warns when a task's gain is below `min_gain` x loss_ignoring for `patience` validations in a row."""
+    """After each validation, `conditioning_scores` on up to `num_items` held-out samples per task of the
+    datamodule's validation source, a `LayoutSource` (other sources, and sequence parallelism, are skipped
+    with one log line). The samples are read once: every k-th, k = len // (8 num_items) (at least 1). Warns
+    when a task's gain is below `min_gain` x loss_ignoring for `patience` validations in a row."""
 
     def __init__(self, num_items: int = 16, min_gain: float = 0.02, patience: int = 2) -> None:
         if num_items < 2 or patience < 1 or min_gain < 0:
@@ -110,11 +111,15 @@ class ConditioningCallback(L.Callback):
 
     def _held_out(self, trainer: L.Trainer) -> LayoutSource | None:
         source = getattr(trainer.datamodule, "val_source", None) if trainer.datamodule is not None else None
-        if isinstance(source, LayoutSource) and source.eval_t is not None:
+        why = None
+        if getattr(trainer.strategy, "sp_process_group", None) is not None:
+            why = "sequence parallelism splits each pack over ranks"
+        elif source is not None and not (isinstance(source, LayoutSource) and source.eval_t is not None):
+            why = f"the validation source is a {type(source).__name__}, not a validation LayoutSource"
+        if why is None:
             return source
-        if source is not None and self._samples is None:
-            log.info("conditioning check off: the validation source is a %s, not a LayoutSource",
-                     type(source).__name__)
+        if self._samples is None:
+            log.info("conditioning check off: %s", why)
             self._samples = []
         return None
 
@@ -124,12 +129,16 @@ class ConditioningCallback(L.Callback):
         source = self._held_out(trainer)
         if source is None:
             return
-        if self._samples is None:  # the first samples of each task, read once
-            self._samples = [source.dataset[i] for i in range(len(source))]
+        if self._samples is None:  # read once: up to 8 x num_items samples, evenly spaced over the split
+            stride = max(1, len(source) // (8 * self.num_items))
+            self._samples = [source.dataset[i] for i in range(0, len(source), stride)]
         config = pl_module.model_config
+        was_training = pl_module.training
+        pl_module.eval()  # no router noise, no expert-bias counts from these forwards
         scores = conditioning_scores(pl_module.model, pl_module.objective, self._samples, source.dataset.tokens,
                                      config.num_codebooks, source.noise, source.seed, source.eval_t,
                                      self.num_items, trainer.datamodule.config.seq_len)
+        pl_module.train(was_training)
         pl_module.log_dict({f"val/{k}": v for k, v in scores.items()}, on_step=False, on_epoch=True,
                            batch_size=1)
         step = trainer.global_step

@@ -11,10 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from train_helpers import quiet, run_cli
 
 from lumina.cli.data import main as data_main
+from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.special_tokens import SpecialTokens
+from lumina.training.conditioning import ignoring_input
 
 COLOURS = {"red": (220, 40, 30), "green": (40, 190, 70), "blue": (30, 60, 210), "white": (240, 240, 240)}
 FLAG = "the model ignores its input on understand"
@@ -77,3 +81,21 @@ def test_a_model_that_uses_its_image_is_not_flagged(trained):
     assert float(last["val/understand/gain"]) > 0.1 * float(last["val/understand/loss_ignoring"]), last
     assert float(last["val/understand/acc"]) > float(last["val/understand/acc_ignoring"]), last
     assert FLAG not in log, log[-3000:]
+
+
+def test_the_baseline_takes_away_only_the_input_the_answer_depends_on():
+    tokens = SpecialTokens.official()
+    picture = Media("image", torch.zeros(4, 2, dtype=torch.long), (2, 2))
+    other = Media("image", torch.ones(4, 2, dtype=torch.long), (2, 2))
+    answer = Turn("assistant", [Text([7, 8])])
+    caption = Sample("a#caption", [Turn("user", [picture, Text([5])]), answer])
+    donor = Sample("b#caption", [Turn("user", [other, Text([5])]), answer])
+    swapped = ignoring_input(caption, "understand", donor, tokens)
+    assert swapped.id == "a#caption" and swapped.turns[-1] is answer
+    assert swapped.turns[0].parts[0] is other and swapped.turns[0].parts[1].ids == [5]
+    assert caption.turns[0].parts[0] is picture  # the original is left as it was
+    t2i = Sample("a#t2i", [Turn("system", [Text([3])]), Turn("user", [Text([5, 6])]),
+                           Turn("assistant", [picture])])
+    dropped = ignoring_input(t2i, "t2i", donor, tokens)
+    assert [p.ids for p in dropped.turns[1].parts] == [[tokens.uncondition]]
+    assert dropped.turns[0] is t2i.turns[0] and dropped.turns[2].parts[0] is picture
