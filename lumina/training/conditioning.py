@@ -55,7 +55,7 @@ def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[
                 num_codebooks: int, noise: NoiseConfig, seed: int, t: float, seq_len: int) -> tuple[float, float]:
     """(loss, answer-token accuracy) of `samples` laid out by `layout_eval`, packed in order into packs of at
     most `seq_len` tokens (a longer sample is a pack of its own); the packs' losses are averaged weighted by
-    their supervised tokens."""
+    their scored answer tokens (an image cell counts once per codebook, as in the accuracy)."""
     device = next(model.parameters()).device
     packs: list[list] = [[]]
     for seq in (layout_eval(s, tokens, noise, seed, t) for s in samples):
