@@ -4,6 +4,7 @@ calls; configs marked `requires_cuda` are skipped off-GPU."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,17 @@ def test_finetune_starts_from_the_checkpoint_weights(tmp_path, hf_dir):
     with safe_open(shard, "pt") as a, safe_open(out_shard, "pt") as b:
         key = "model.word_embeddings.weight"
         assert torch.allclose(a.get_tensor(key), b.get_tensor(key), atol=1e-12, rtol=0)
+
+
+def test_finetune_runs_the_conditioning_check(tmp_path, hf_dir, caplog):
+    """experiment=finetune keeps the default callbacks: each validation logs, per task of the world's held-out
+    samples, the loss next to its image-ignoring baseline (lumina.training.conditioning)."""
+    caplog.set_level("INFO", logger="lumina.training.conditioning")
+    cfg = compose_train(["experiment=finetune", "trainer.fast_dev_run=true", *quiet(tmp_path),
+                         *small_data(), "data.sources.0.options.val_samples=24", f"model.init_from={hf_dir}"])
+    run(cfg)
+    lines = [r.getMessage() for r in caplog.records if r.name == "lumina.training.conditioning"]
+    assert any(re.search(r"understand held-out loss [\d.]+ acc [\d.]+ \| image swapped: loss [\d.]+", m)
+               for m in lines), lines
+    assert any(re.search(r"t2i held-out loss [\d.]+ acc [\d.]+ \| prompt dropped: loss [\d.]+", m)
+               for m in lines), lines

@@ -1,0 +1,90 @@
+"""Score one own-data training run on its dataset's held-out split (the A/B figures of experiments/own_data.md).
+
+    python experiments/own_data/ab_eval.py RUN_DIR DATA_DIR [--items 90] [--pics PICS --t2i 90]
+prints one JSON line: per task the held-out loss, answer-token accuracy and the image-ignoring baseline
+(`lumina.training.conditioning`), caption exact match over --items held-out pictures, prefix match (the answer starts with the true caption:
+right, but not stopped), and the share of
+distinct captions the model gave (1 / items when it says the same for every picture). With --pics (the
+imagefolder DATA_DIR was built from, its metadata carrying "label") and --t2i N: N held-out captions drawn by
+the model (`lumina.generation.image`, unguided), judged by `checker.py` fitted on the training pictures only;
+its accuracy on the real held-out pictures is reported beside (the judge's ceiling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from lumina.data.noise import NoiseConfig
+from lumina.generation.assets import load_assets, load_model
+from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
+from lumina.generation.image import generate_images
+from lumina.generation.own_eval import _decode, _prompt, held_out_dataset, task_of
+from lumina.generation.text import generate_text
+from lumina.objective import LuminaObjective
+from lumina.training.conditioning import conditioning_scores
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run")
+    parser.add_argument("data")
+    parser.add_argument("--items", type=int, default=90)
+    parser.add_argument("--pics", default=None)
+    parser.add_argument("--t2i", type=int, default=0)
+    args = parser.parse_args(argv)
+    model = load_model(f"{args.run}/hf")
+    assets = load_assets(f"{args.run}/hf", "auto", model.config)
+    dataset = held_out_dataset(args.data, assets)
+    samples = [dataset[i] for i in range(len(dataset))]
+    out = conditioning_scores(model, LuminaObjective().eval(), samples, dataset.tokens,
+                              model.config.num_codebooks, NoiseConfig(), 1234, 0.5, args.items, 2048)
+    chosen = [s for s in samples if task_of(s) == "understand"][:args.items]
+    prompts, truths = zip(*(_prompt(s, i) for i, s in enumerate(chosen)), strict=True)
+    said = [_decode(assets, o.ids) for o in generate_text(model, list(prompts), assets.tokens,
+                                                          TextSamplingConfig(gen_length=16, block_length=16, steps=8))]
+    wanted = [_decode(assets, t.ids) for t in truths]
+    out["caption/exact_match"] = sum(s == w for s, w in zip(said, wanted, strict=True)) / len(said)
+    out["caption/prefix_match"] = sum(s.split()[:len(w.split())] == w.split()
+                                      for s, w in zip(said, wanted, strict=True)) / len(said)
+    out["caption/distinct"] = len(Counter(said)) / len(said)
+    out["caption/chance"] = max(Counter(wanted).values()) / len(wanted)
+    if args.pics and args.t2i:
+        out.update(judge_t2i(model, assets, samples, Path(args.pics), args.t2i))
+    print(json.dumps({k: round(v, 4) for k, v in out.items()}))
+
+
+def judge_t2i(model, assets, samples, pics: Path, count: int) -> dict[str, float]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import checker
+
+    meta = {m["file_name"]: m["label"] for m in map(json.loads, (pics / "metadata.jsonl").read_text().splitlines())}
+    held = [s for s in samples if task_of(s) == "t2i"][:count]
+    held_files = {s.id.rsplit("#", 1)[0] for s in samples}
+
+    def grey(name: str) -> np.ndarray:
+        return np.asarray(Image.open(pics / name).convert("L"), dtype=np.float32)
+
+    train = [n for n in meta if n not in held_files]
+    judge = checker.fit(torch.tensor(np.stack([grey(n) for n in train])), torch.tensor([meta[n] for n in train]))
+    files = [s.id.rsplit("#", 1)[0] for s in held]
+    labels = torch.tensor([meta[f] for f in files])
+    real = checker.predict(judge, torch.tensor(np.stack([grey(f) for f in files])))
+    prompts = [_prompt(s, i)[0] for i, s in enumerate(held)]
+    images = generate_images(model, prompts, assets.tokens, ImageSamplingConfig(cfg_scale=0.0))
+    drawn = torch.stack([assets.image_tokenizer.decode(o.codes, o.grid)[0].mean(0) for o in images])
+    made = checker.predict(judge, (drawn.clamp(-1, 1) + 1) * 127.5)
+    return {"t2i/judged_correct": float((made == labels).float().mean()),
+            "t2i/judge_on_real": float((real == labels).float().mean()),
+            "t2i/chance": float(torch.bincount(labels).max()) / len(labels)}
+
+
+if __name__ == "__main__":
+    main()

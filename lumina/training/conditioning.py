@@ -1,0 +1,159 @@
+"""Does the model use its input? Per task, the held-out loss next to a baseline that ignores the input.
+
+The held-out samples of each task (`lumina.generation.own_eval.task_of`) are scored twice, laid out as
+validation lays them out (`layout_eval` at the validation noise level and seed):
+    <task>/loss, <task>/acc              as they are (acc: answer-token accuracy, image codes over codebooks)
+    <task>/loss_ignoring, acc_ignoring   with the input the answer depends on taken away:
+                                           understand, edit: each prompt media replaced by the next
+                                           sample's first media (a derangement within the task)
+                                           t2i: the prompt's text replaced by `<uncondition>` (the prompt of
+                                           classifier-free guidance's CFG dropout)
+    <task>/gain                          loss_ignoring - loss: about 0 for a model that ignores its input
+Text-only tasks have no such input and get no baseline. The answer and the sample id stay, so the same
+answer positions are masked. `ConditioningCallback` logs these after every validation as
+`val/<task>/...` (TensorBoard, CSV) and in the run log, and warns when a task's gain stays under
+`min_gain` (relative to loss_ignoring) for `patience` validations in a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import lightning as L
+import torch
+from torch import nn
+
+from lumina.data.layout import layout_eval
+from lumina.data.noise import NoiseConfig
+from lumina.data.packing import collate_pack
+from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sources import LayoutSource
+from lumina.data.special_tokens import SpecialTokens
+from lumina.generation.own_eval import task_of
+from lumina.objective import LuminaObjective
+
+log = logging.getLogger(__name__)
+
+INPUT_OF = {"understand": "image swapped", "edit": "image swapped", "t2i": "prompt dropped"}
+
+
+def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialTokens) -> Sample:
+    """`sample` without the input its answer depends on (module docstring); `other`: the donor sample."""
+    *head, user, answer = sample.turns
+    if task == "t2i":
+        parts: list = [Text([tokens.uncondition])]
+    else:
+        donor = next(p for t in other.turns[:-1] for p in t.parts if isinstance(p, Media))
+        parts = [donor if isinstance(p, Media) else p for p in user.parts]
+    return dataclasses.replace(sample, turns=[*head, Turn(user.role, parts), answer])
+
+
+@torch.no_grad()
+def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample], tokens: SpecialTokens,
+                num_codebooks: int, noise: NoiseConfig, seed: int, t: float, seq_len: int) -> tuple[float, float]:
+    """(loss, answer-token accuracy) of `samples` laid out by `layout_eval`, packed in order into packs of at
+    most `seq_len` tokens (a longer sample is a pack of its own); the packs' losses are averaged weighted by
+    their scored answer tokens (an image cell counts once per codebook, as in the accuracy)."""
+    device = next(model.parameters()).device
+    packs: list[list] = [[]]
+    for seq in (layout_eval(s, tokens, noise, seed, t) for s in samples):
+        if packs[-1] and sum(len(q) for q in packs[-1]) + len(seq) > seq_len:
+            packs.append([])
+        packs[-1].append(seq)
+    loss = right = count = 0.0
+    for pack in packs:
+        batch = collate_pack(pack, sum(len(q) for q in pack), tokens.pad, num_codebooks).to(device)
+        result = objective(model(batch), batch)
+        n = result.text_targets.numel() + result.image_targets.numel()
+        loss += float(result.loss) * n
+        right += float((result.text_preds == result.text_targets).sum() +
+                       (result.image_preds == result.image_targets).sum())
+        count += n
+    return loss / max(count, 1), right / max(count, 1)
+
+
+def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample],
+                        tokens: SpecialTokens, num_codebooks: int, noise: NoiseConfig, seed: int, t: float,
+                        num_items: int, seq_len: int) -> dict[str, float]:
+    """The module docstring's metrics over the first `num_items` samples of each task in `samples`."""
+    by_task: dict[str, list[Sample]] = {}
+    for sample in samples:
+        task = task_of(sample)
+        if task is not None and len(by_task.setdefault(task, [])) < num_items:
+            by_task[task].append(sample)
+    out: dict[str, float] = {}
+    for task, chosen in sorted(by_task.items()):
+        args = (tokens, num_codebooks, noise, seed, t, seq_len)
+        out[f"{task}/loss"], out[f"{task}/acc"] = pack_scores(model, objective, chosen, *args)
+        if task in INPUT_OF and len(chosen) >= 2:
+            ignoring = [ignoring_input(s, task, chosen[(i + 1) % len(chosen)], tokens) for i, s in enumerate(chosen)]
+            out[f"{task}/loss_ignoring"], out[f"{task}/acc_ignoring"] = pack_scores(model, objective, ignoring,
+                                                                                    *args)
+            out[f"{task}/gain"] = out[f"{task}/loss_ignoring"] - out[f"{task}/loss"]
+    return out
+
+
+class ConditioningCallback(L.Callback):
+    """After each validation, `conditioning_scores` on up to `num_items` held-out samples per task of the
+    datamodule's validation source, a `LayoutSource` (other sources, and sequence parallelism, are skipped
+    with one log line). The samples are read once: every k-th, k = len // (8 num_items) (at least 1). Warns
+    when a task's gain is below `min_gain` x loss_ignoring for `patience` validations in a row."""
+
+    def __init__(self, num_items: int = 16, min_gain: float = 0.02, patience: int = 2) -> None:
+        if num_items < 2 or patience < 1 or min_gain < 0:
+            raise ValueError(f"ConditioningCallback(num_items={num_items}, patience={patience}, "
+                             f"min_gain={min_gain}): need num_items >= 2, patience >= 1, min_gain >= 0")
+        self.num_items, self.min_gain, self.patience = num_items, min_gain, patience
+        self.flat_for: dict[str, int] = {}  # task -> validations in a row with gain under min_gain
+        self._samples: list[Sample] | None = None
+
+    def _held_out(self, trainer: L.Trainer) -> LayoutSource | None:
+        source = getattr(trainer.datamodule, "val_source", None) if trainer.datamodule is not None else None
+        why = None
+        if getattr(trainer.strategy, "sp_process_group", None) is not None:
+            why = "sequence parallelism splits each pack over ranks"
+        elif source is not None and not (isinstance(source, LayoutSource) and source.eval_t is not None):
+            why = f"the validation source is a {type(source).__name__}, not a validation LayoutSource"
+        if why is None:
+            return source
+        if self._samples is None:
+            log.info("conditioning check off: %s", why)
+            self._samples = []
+        return None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        source = self._held_out(trainer)
+        if source is None:
+            return
+        if self._samples is None:  # read once: up to 8 x num_items samples, evenly spaced over the split
+            stride = max(1, len(source) // (8 * self.num_items))
+            self._samples = [source.dataset[i] for i in range(0, len(source), stride)]
+        config = pl_module.model_config
+        was_training = pl_module.training
+        pl_module.eval()  # no router noise, no expert-bias counts from these forwards
+        scores = conditioning_scores(pl_module.model, pl_module.objective, self._samples, source.dataset.tokens,
+                                     config.num_codebooks, source.noise, source.seed, source.eval_t,
+                                     self.num_items, trainer.datamodule.config.seq_len)
+        pl_module.train(was_training)
+        pl_module.log_dict({f"val/{k}": v for k, v in scores.items()}, on_step=False, on_epoch=True,
+                           batch_size=1)
+        step = trainer.global_step
+        for task in sorted({k.split("/")[0] for k in scores}):
+            line = f"step {step}: {task} held-out loss {scores[f'{task}/loss']:.4f} acc {scores[f'{task}/acc']:.3f}"
+            if f"{task}/gain" not in scores:
+                log.info("%s", line)
+                continue
+            ignoring = scores[f"{task}/loss_ignoring"]
+            log.info("%s | %s: loss %.4f acc %.3f | gain %.4f", line, INPUT_OF[task], ignoring,
+                     scores[f"{task}/acc_ignoring"], scores[f"{task}/gain"])
+            flat = scores[f"{task}/gain"] < self.min_gain * ignoring
+            self.flat_for[task] = self.flat_for.get(task, 0) + 1 if flat else 0
+            if self.flat_for[task] >= self.patience:
+                log.warning("step %d: the model ignores its input on %s: held-out loss %.4f vs %.4f with the %s "
+                            "(gain under %.0f%% for %d validations in a row); see README \"Your own data\"",
+                            step, task, scores[f"{task}/loss"], ignoring, INPUT_OF[task], 100 * self.min_gain,
+                            self.flat_for[task])

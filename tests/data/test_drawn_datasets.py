@@ -1,0 +1,42 @@
+"""experiments/own_data/drawn.py: the own-data recipe's drawn imagefolders are seeded, balanced, captioned by
+one template per kind, and read by `lumina-data build --imagefolder`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "experiments" / "own_data"))
+import drawn  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["glyphs", "shapes"])
+def test_a_drawn_dataset_is_seeded_balanced_and_one_template(kind, tmp_path):
+    lines = drawn.write_dataset(kind, tmp_path / "a", count=40, size=24, seed=5)
+    again = drawn.write_dataset(kind, tmp_path / "b", count=40, size=24, seed=5)
+    drawn.write_dataset(kind, tmp_path / "c", count=40, size=24, seed=6)
+    read = [json.loads(line) for line in (tmp_path / "a" / "metadata.jsonl").read_text().splitlines()]
+    assert read == lines == again
+    pixels = [np.asarray(Image.open(tmp_path / d / line["file_name"])) for d in "abc" for line in lines[:10]]
+    assert all(p.shape == (24, 24) for p in pixels)
+    assert all((a == b).all() for a, b in zip(pixels[:10], pixels[10:20], strict=True))  # same seed
+    assert not any((a == c).all() for a, c in zip(pixels[:10], pixels[20:], strict=True))  # another seed
+    assert [line["label"] for line in lines] == [i % 10 for i in range(40)]
+    template = drawn.TEMPLATES[kind]
+    assert {line["text"] for line in lines} == {template.format(name) for name in drawn.CLASSES[kind]}
+    assert all(p.std() > 5 for p in pixels)  # a drawing, not a blank page
+
+
+def test_every_glyph_font_draws_every_digit():
+    """font_files() leaves out fonts without digits (matplotlib's DejaVu "Display" fonts draw nothing)."""
+    fonts = [ImageFont.truetype(path, 40) for path in drawn.font_files()] + [ImageFont.load_default(size=40)]
+    for font in fonts:
+        for digit in range(10):
+            layer = Image.new("L", (64, 64), 0)
+            ImageDraw.Draw(layer).text((4, 4), str(digit), fill=255, font=font)
+            assert np.asarray(layer).max() == 255, (font.path if hasattr(font, "path") else font, digit)
