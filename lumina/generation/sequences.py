@@ -51,8 +51,8 @@ def prompt_piece(prompt: Prompt, tokens: SpecialTokens, parts: list[Part] | None
 
 def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Tensor, block_index: int,
                   tokens: SpecialTokens, block_length: int) -> tuple[TrainingSequence, torch.Tensor]:
-    """prompt piece + BOA + `finished` answer ids (clean, offsets 0..) + `block` [block_length] ids (noisy,
-    offsets block_index * block_length ..). Returns (sequence, rows [block_length] of the current block)."""
+    """prompt piece + BOA + `finished` answer ids (clean, offsets 0..) + `block` [n <= block_length] ids (noisy,
+    offsets block_index * block_length ..; a shorter last block). Returns (sequence, rows [n] of the block)."""
     if len(finished) != block_index * block_length:
         raise ValueError(f"{len(finished)} finished answer tokens, expected block_index * block_length = "
                          f"{block_index * block_length}")
@@ -66,9 +66,10 @@ def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Te
     pieces.append(layout_text_answer(block, tokens, turn=1, boa_position=boa_position, block_length=block_length,
                                      clean=False, with_boa=False, first_offset=block_index * block_length,
                                      sample_id=sid))
+    if len(block) > block_length:
+        raise ValueError(f"block of {len(block)} slots, more than block_length={block_length}")
     sequence = concat_pieces(pieces, sid)
-    start = len(sequence) - block_length
-    return sequence, torch.arange(start, len(sequence))
+    return sequence, torch.arange(len(sequence) - len(block), len(sequence))
 
 
 def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool,
