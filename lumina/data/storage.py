@@ -150,7 +150,7 @@ def _metadata(path: str | Path) -> dict:
 
 def read_settings(path: str | Path) -> SpecialTokens:
     """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
-    return SpecialTokens(**_metadata(path)["special_tokens"])
+    return SpecialTokens.from_record(_metadata(path)["special_tokens"], str(path))
 
 
 def read_assets(path: str | Path) -> DatasetAssets:

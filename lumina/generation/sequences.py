@@ -42,6 +42,18 @@ class Prompt:
     def media(self) -> list[Media]:
         return [p for p in self.parts if isinstance(p, Media)]
 
+    @classmethod
+    def of_sample(cls, sample: Sample, grid: tuple[int, int] | None = None) -> Prompt:
+        """The request of a one-exchange sample: its system ids and user parts (the answer is dropped)."""
+        turns = sample.turns
+        system = None
+        if turns and turns[0].role == "system":
+            system = [i for p in turns[0].parts for i in p.ids]
+            turns = turns[1:]
+        if not turns or turns[0].role != "user":
+            raise ValueError(f"sample {sample.id!r}: expected [system,] user, ... turns")
+        return cls(list(turns[0].parts), system=system, key=sample.id, grid=grid)
+
 
 def prompt_piece(prompt: Prompt, tokens: SpecialTokens, parts: list[Part] | None = None) -> TrainingSequence:
     """The prompt turn (turn 0, clean, block -1, positions 0..P-1)."""

@@ -90,10 +90,10 @@ def test_generate_eval_matches_the_training_callback(trained, tmp_path):
     """`task=eval` on the export, with the callback's knobs, reproduces the callback's in-training evaluation
     (same items, answers and metrics): the CLI and the callback run the same evaluation."""
     out = tmp_path / "eval"
-    done = _run([GENERATE, "task=eval", f"checkpoint={trained}/hf", "eval.num_items=1", "eval.split=val",
-                 "eval.seed=0", "eval.edit_cfg_scale=1.0", "text.gen_length=4", "text.block_length=4",
-                 "text.steps=2", "text.temperature=0.0", "image.steps=2", "image.cfg_scale=2.0",
-                 "image.temperature=1.0", f"hydra.run.dir={out}"], cwd=tmp_path)
+    done = _run([GENERATE, "task=eval", "generate=world", f"checkpoint={trained}/hf", "eval.num_items=1",
+                 "eval.split=val", "eval.seed=0", "by_task.edit.image.cfg_scale=1.0", "text.gen_length=4",
+                 "text.block_length=4", "text.steps=2", "text.temperature=0.0", "image.steps=2",
+                 "by_task.t2i.image.cfg_scale=2.0", "image.temperature=1.0", f"hydra.run.dir={out}"], cwd=tmp_path)
     report = json.loads((out / "eval.json").read_text())
     callback = json.loads((trained / "eval" / "step000002.json").read_text())
     for name in ("caption_acc", "vqa_acc", "text_qa_acc", "understand_acc", "t2i_score", "edit_score",
