@@ -150,3 +150,28 @@ def test_generate_edit_and_text_without_an_image_decoder(trained, tmp_path):
     (line,) = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
     assert line["prompt"] == "what is one plus two ?" and line["image"] is None
     assert isinstance(line["answer"], str) and len(line["ids"]) <= 4
+
+
+def test_world_checkpoints_carry_their_vocabulary_and_older_ones_are_refused(trained, tmp_path):
+    """The export carries the world's tokenizer.json (read back as the world); a checkpoint without one (world
+    exports made before the prompt template) or with a pre-template word vocabulary is refused, naming why."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from lumina.data.tokenizers.text import SPECIAL_TOKEN_STRINGS, WordTokenizer
+    from lumina.data.world.dataset import world_text_tokenizer
+    from lumina.generation.run import run
+
+    assert WordTokenizer.load(trained / "hf" / "tokenizer.json").vocab == world_text_tokenizer().vocab
+    old = tmp_path / "old"
+    shutil.copytree(trained / "hf", old)
+    (old / "tokenizer.json").unlink()
+    args = ["task=text", f"checkpoint={old}", 'prompts=["what is one plus two ?"]']
+    with pytest.raises(FileNotFoundError, match="has no tokenizer.json.*made before lumina's word vocabularies"):
+        run(_compose(args, tmp_path / "a"))
+    words = [*SPECIAL_TOKEN_STRINGS[:-1], *world_text_tokenizer().vocab[len(SPECIAL_TOKEN_STRINGS):]]
+    Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<|unk|>")).save(str(old / "tokenizer.json"))
+    with pytest.raises(ValueError, match="a word vocabulary made before lumina's word vocabularies gained"):
+        run(_compose(args, tmp_path / "b"))

@@ -1,0 +1,82 @@
+"""The conversations of the official-parity fixtures and the tokenizer they are tokenised with, shared by the
+fixture generator (`make_fixtures.py`, run against the official scripts) and the tests that compare lumina with
+its output. Only `tokenizers` and `torch` are needed here.
+
+The tokenizer is word-level over the official id space (157,184 ids): every special token of the contract at
+its official id, "\\n" a token of its own at NEWLINE, the words of the cases from WORD_BASE on, unused
+fillers elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import AddedToken, Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+
+VOCAB_SIZE = 157184
+NEWLINE = 201
+WORD_BASE = 1000
+SPECIALS = {  # utils/tokenizer_contract.py, plus pad
+    "<|pad|>": 156892, "<|mask|>": 156895, "<system>": 157153, "</system>": 157154, "<user>": 157155,
+    "<uncondition>": 157156, "</user>": 157157, "<3D_CONTEXT>": 157158, "<IMG_CONTEXT>": 157160,
+    "<VIDEO_CONTEXT>": 157161, "<answer>": 157165, "</answer>": 157166, "<BOI>": 157167, "<EOI>": 157168,
+    "<BO3d>": 157169, "<EO3d>": 157170, "<BOV>": 157171, "<EOV>": 157172,
+}
+# the official scripts' default system prompts (infer_mmu_sft.py, infer_video_sft.py, infer_3d_sft.py,
+# infer_t2i_sft.py), keyed like lumina.data.prompts
+SYSTEM = {
+    "text": "You are a helpful assistant.",
+    "understand": "You are a multimodal assistant. Answer directly using the provided image(s), text, and "
+                  "conversation context; if there is no question, describe the image(s) clearly and accurately.",
+    "understand_video": "You are a multimodal model that can process text and video. Answer the following "
+                        "question based on the provided video frames or clips. Analyze temporal dynamics, "
+                        "motion, interactions, and scene changes across frames. Track relevant objects and "
+                        "events over time, and integrate information to produce a consistent and accurate "
+                        "answer.",
+    "understand_mesh3d": "You are a multimodal model that can process text and 3D content. Answer the following "
+                         "question based on the provided 3D representations. Carefully analyze the object's "
+                         "geometry, spatial structure, viewpoint consistency, and fine-grained details across "
+                         "views. Combine relevant information to produce a coherent and accurate answer.",
+    "t2i": "Generate an image according to the text prompt.",
+    "edit": "Generate an image applying the following editing instruction based on the original image.",
+}
+# user texts of the cases (as a client passes them to the official scripts)
+USER = {
+    "understand_image": "what colour is the square ?",
+    "understand_two_images": "which picture is brighter ?",
+    "understand_mid_text": "compare <IMG_CONTEXT> with a red square .",
+    "understand_later_turn": "and this one ?",
+    "understand_video": "what happens in the clip ?",
+    "understand_mesh3d": "what object is this ?",
+    "text_qa": "what is two plus two ?",
+    "t2i": "a red square on a blue sky .",
+    "edit": "make the square green .",
+}
+IMAGE_GRID = (2, 3)
+VIDEO_GRID = (2, 2, 2)  # (t, h, w)
+MESH_GRID = (2, 2, 2)  # (z, y, x)
+T2I_GRID = (2, 2)
+
+
+def words() -> list[str]:
+    texts = list(SYSTEM.values()) + [t.replace("<IMG_CONTEXT>", " ") for t in USER.values()]
+    return sorted({w for t in texts for w in t.split()})
+
+
+def fixture_tokenizer() -> Tokenizer:
+    vocab = {f"<unused_{i}>": i for i in range(VOCAB_SIZE)}
+    named = {**SPECIALS, "\n": NEWLINE, **{w: WORD_BASE + i for i, w in enumerate(words())}}
+    for name, i in named.items():
+        del vocab[f"<unused_{i}>"]
+        vocab[name] = i
+    tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unused_0>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.add_tokens([AddedToken("\n", normalized=False)])
+    return tok
+
+
+def codes(n: int, seed: int) -> torch.Tensor:
+    """[n, 8] deterministic codes in [0, 4096)."""
+    return (torch.arange(n * 8).reshape(n, 8) * 37 + seed * 101) % 4096
