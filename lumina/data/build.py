@@ -23,14 +23,10 @@ the tokenizer's size, centre crop; smaller images refused) and encoded streaming
 (`lumina.data.ingest`); the grid is the tokenizer's. A missing, unreadable, truncated or too small file is a bad
 row like any other.
 
-Token files are dicts saved with `torch.save`, holding "indices" (int [N, C]) and "coords" (int [N, k]); they
-are read with `torch.load(..., weights_only=True)` (never plain pickle). Coordinate conventions (origin 0,
-cells must appear in row-major order of the grid, other columns constant):
-    image   k=5 (batch, time, row, col, 0) or k=4 (batch, time, row, col);  grid (h, w), order row, col
-    video   k=5 (batch, t, x, y, z) or k=4 (batch, t, x, y);               grid (t, h, w), order t, y, x
-    mesh3d  k=5 (batch, t, x, y, z) or k=3 (x, y, z);                      grid (z, y, x), order z, y, x
-A "grid" given next to a "path" must equal the grid the coords describe. Codes must lie in
-[0, codebook_size) and have C = num_codebooks columns.
+Token files (`.pkl` / `.pt`, as the official `tools/tokenize_image.py` writes them) are read and checked by
+`lumina.data.token_files` (safe unpickling, the official schema and coordinate conventions), with C and K the
+dataset's (`--num-codebooks`, `--codebook-size`, or the visual tokenizer's). A "grid" given next to a "path"
+must equal the grid the coords describe.
 
 Errors (missing fields, bad roles, out-of-range codes, grid/coords mismatch, unreadable token or image files,
 duplicate ids, samples the layout rejects) raise `BuildError` naming the manifest file and line (and the
@@ -42,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,15 +50,10 @@ from lumina.data.ingest import PendingRow, PixelEncoder, PixelPart
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import LengthFn, ShardWriter
+from lumina.data.token_files import TokenFileError, read_token_file
 from lumina.data.tokenizers.text import TextTokenizer
 
 ROLES = ("system", "user", "assistant")
-# per kind and coords width: (column of each grid axis in grid order) for row-major checking
-COORD_AXES: dict[str, dict[int, tuple[int, ...]]] = {
-    "image": {5: (2, 3), 4: (2, 3)},          # (row, col)
-    "video": {5: (1, 3, 2), 4: (1, 3, 2)},    # (t, y, x)
-    "mesh3d": {5: (4, 3, 2), 3: (2, 1, 0)},   # (z, y, x)
-}
 
 
 class BuildError(ValueError):
@@ -94,54 +84,6 @@ class BuildReport:
 
 class _RowError(Exception):
     """Internal: a reason without the file:line prefix."""
-
-
-# ---- token files ----
-def load_token_file(path: Path, kind: str) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """(indices [N, C] int64, grid) from an official token file; checks coords against the grid."""
-    if not path.is_file():
-        raise _RowError(f"token file {path} does not exist")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a corrupt file or a pickle that weights_only refuses
-        raise _RowError(f"token file {path} cannot be read with torch.load(weights_only=True): {exc}") from exc
-    if not isinstance(data, dict) or "indices" not in data or "coords" not in data:
-        got = sorted(data) if isinstance(data, dict) else type(data).__name__
-        raise _RowError(f"token file {path} must be a dict with 'indices' and 'coords', got {got}")
-    indices, coords = data["indices"], data["coords"]
-    for name, t in (("indices", indices), ("coords", coords)):
-        if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 2:
-            desc = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise _RowError(f"token file {path}: {name} must be a 2-D integer tensor, got {desc}")
-    if coords.shape[0] != indices.shape[0]:
-        raise _RowError(f"token file {path}: coords has {coords.shape[0]} rows, indices has {indices.shape[0]}")
-    axes = COORD_AXES[kind].get(coords.shape[1])
-    if axes is None:
-        raise _RowError(f"token file {path}: {kind} coords have {coords.shape[1]} columns, expected one of "
-                        f"{sorted(COORD_AXES[kind])}")
-    coords = coords.long()
-    if coords.shape[0] == 0:
-        raise _RowError(f"token file {path}: no tokens (N = 0)")
-    if (coords < 0).any():
-        raise _RowError(f"token file {path}: coords has negative values")
-    grid = tuple(int(coords[:, a].max()) + 1 for a in axes)
-    n = coords.shape[0]
-    if n != math.prod(grid):
-        raise _RowError(f"token file {path}: N={n} tokens but coords span the grid {grid} "
-                        f"({math.prod(grid)} cells)")
-    flat = torch.arange(n)
-    for depth, a in enumerate(axes):
-        expected = (flat // math.prod(grid[depth + 1:])) % grid[depth]
-        wrong = (coords[:, a] != expected).nonzero()
-        if len(wrong):
-            i = int(wrong[0])
-            raise _RowError(f"token file {path}: coords are not in row-major order of grid {grid}: token {i} "
-                            f"has coords {coords[i].tolist()}")
-    others = [c for c in range(coords.shape[1]) if c not in axes]
-    for c in others:
-        if (coords[:, c] != coords[0, c]).any():
-            raise _RowError(f"token file {path}: coords column {c} varies; one file holds one {kind}")
-    return indices.long(), grid
 
 
 # ---- rows ----
@@ -219,7 +161,12 @@ def parse_part(part: Any, where: str, base_dir: Path, tokens: SpecialTokens,
         grid = tuple(_int_list(part["grid"], f"{where}.grid"))
     if "path" in part:
         path = Path(_require(part, "path", str, where))
-        codes, found = load_token_file(path if path.is_absolute() else base_dir / path, kind)
+        try:
+            found_file = read_token_file(path if path.is_absolute() else base_dir / path, kind,
+                                         tokens.num_codebooks, tokens.codebook_size)
+        except TokenFileError as exc:
+            raise _RowError(str(exc)) from exc
+        codes, found = found_file.codes, found_file.grid
         if grid is not None and grid != found:
             raise _RowError(f"{where}.grid={list(grid)} disagrees with the grid {list(found)} of token file {path}")
         grid = found

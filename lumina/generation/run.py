@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from lumina.data.pixels import read_image, to_signed
 from lumina.data.prompts import system_prompt_task
 from lumina.data.schema import Media, Part, Text
+from lumina.data.token_files import read_token_file, token_file_dict
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.data.tokenizers.text import PLACEHOLDER_STRINGS
 from lumina.generation.assets import GenerationAssets, load_assets, load_model, read_config
@@ -41,6 +42,7 @@ from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evalua
 
 DEFAULT_GRID = (8, 8)  # without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
 TASKS = ("t2i", "edit", "understand", "text", "eval")
+TOKEN_SUFFIXES = (".pkl", ".pt")  # official token files; any other file is read as an image
 
 
 def run(cfg: DictConfig) -> Path:
@@ -77,7 +79,7 @@ def run(cfg: DictConfig) -> Path:
                 save_png((pictures[i] + 1) / 2, path)
             else:
                 path = out / f"code_{i}.pt"
-                torch.save(token_file(answer.codes, answer.grid), path)
+                torch.save(token_file_dict(answer.codes, answer.grid), path)
             lines[i] = {**requests[i], "file": path.name, "grid": list(answer.grid)}
     if pictures and len({p.shape for p in pictures.values()}) == 1:
         save_png(_row((torch.stack([pictures[i] for i in sorted(pictures)]) + 1) / 2), out / "images.png")
@@ -188,31 +190,21 @@ def tokenizer_grid(assets: GenerationAssets) -> tuple[int, int]:
 
 
 def load_image(path: str, assets: GenerationAssets) -> Media:
-    """A token file (.pt: {"indices": [N, C], "coords": [N, 4 or 5]}, rows/cols from the coords) or, with a visual
-    tokenizer, an image file read like the training data was (`lumina.data.pixels`) and encoded -> Media."""
+    """An official token file (.pkl / .pt, read by `lumina.data.token_files`) or, with a visual tokenizer, an
+    image file read like the training data was (`lumina.data.pixels`) and encoded -> Media."""
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"image {path!r}: no such file")
-    if file.suffix == ".pt":
-        data = torch.load(file, map_location="cpu")
-        indices, coords = data["indices"].long(), data["coords"].long()
-        h, w = int(coords[:, -3].max()) + 1, int(coords[:, -2].max()) + 1
-        return Media("image", indices, (h, w))
+    if file.suffix in TOKEN_SUFFIXES:
+        tokens = assets.tokens
+        found = read_token_file(file, "image", tokens.num_codebooks, tokens.codebook_size)
+        return Media("image", found.codes, found.grid)
     tokenizer = assets.image_tokenizer
     if tokenizer is None:
         raise ValueError(f"image {path!r}: pixels need a visual tokenizer (image_tokenizer=builtin|DIR); or pass "
                          "a token file (.pt)")
     codes, grid = tokenizer.encode(to_signed(read_image(file, tokenizer.image_size)[None]))
     return Media("image", codes[0], tuple(grid))
-
-
-def token_file(codes: torch.Tensor, grid: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """The official token-file dict: indices [N, C], coords (0, 0, row, col, 0) in row-major order."""
-    h, w = grid
-    rows = torch.arange(h).repeat_interleave(w)
-    cols = torch.arange(w).repeat(h)
-    zeros = torch.zeros(h * w, dtype=torch.long)
-    return {"indices": codes.long(), "coords": torch.stack([zeros, zeros, rows, cols, zeros], dim=1)}
 
 
 def _decode(assets: GenerationAssets, ids: list[int]) -> str:
