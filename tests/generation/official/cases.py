@@ -80,3 +80,32 @@ def fixture_tokenizer() -> Tokenizer:
 def codes(n: int, seed: int) -> torch.Tensor:
     """[n, 8] deterministic codes in [0, 4096)."""
     return (torch.arange(n * 8).reshape(n, 8) * 37 + seed * 101) % 4096
+
+
+# ---- lumina-generate parity (temperature 0, guidance 0, on interface.write_tiny_checkpoint) ----
+PARITY_SEED = 65513
+PARITY_T2I = {"t2i_8_steps": 8, "t2i_16_steps": 16}  # on a 4 x 4 grid
+PARITY_T2I_GRID = (4, 4)
+PARITY_UNDERSTAND = {"gen_length": 16, "block_length": 8, "steps": 4}
+PARITY_TEXT = {"gen_length": 12, "block_length": 8, "steps": 4}  # a partial last block of 4
+
+
+def write_token_files(directory) -> dict:
+    """The understanding image as three official token files: .pt with 4 and with 5 coords columns, and a .pkl
+    of NumPy arrays (torch.save); rows and columns in the coords' last-but-one pair (row, col)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    directory = Path(directory)
+    h, w = IMAGE_GRID
+    indices = codes(h * w, 1)
+    four = torch.tensor([[0, 0, r, c] for r in range(h) for c in range(w)])
+    five = torch.tensor([[0, 0, r, c, 0] for r in range(h) for c in range(w)])
+    files = {"coords4.pt": {"indices": indices, "coords": four}, "coords5.pt": {"indices": indices, "coords": five},
+             "numpy.pkl": {"indices": indices.numpy().astype(np.int32), "coords": four.numpy().astype(np.int32)}}
+    paths = {}
+    for name, payload in files.items():
+        paths[name] = directory / name
+        torch.save(payload, paths[name])
+    return paths

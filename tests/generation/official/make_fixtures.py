@@ -72,6 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official", required=True, help="InternLumina-U2 checkout (infer_*_sft.py, generators/, utils/)")
     parser.add_argument("--out", default=str(HERE / "sequences.json"))
+    parser.add_argument("--parity-out", default=str(HERE / "parity.json"))
     args = parser.parse_args()
     sys.path.insert(0, str(Path(args.official).resolve()))
     import infer_3d_sft as d3
@@ -118,6 +119,63 @@ def main() -> None:
     out["edit"] = image_request(t2i, tok, S["edit"], U["edit"], [(t2i.IMG_CONTEXT, image)], cases.IMAGE_GRID)
     Path(args.out).write_text(json.dumps(out, separators=(",", ":")) + "\n")
     print(f"wrote {len(out)} cases to {args.out}")
+    parity = parity_outputs(tok, mmu, t2i, load_image_tokens_from_rclone)
+    Path(args.parity_out).write_text(json.dumps(parity, indent=1) + "\n")
+    print(f"wrote {len(parity)} parity outputs to {args.parity_out}")
+
+
+def parity_outputs(tok, mmu, t2i, load_image_tokens) -> dict:
+    """The official generators (temperature 0, guidance 0) on interface.write_tiny_checkpoint, through
+    interface.OfficialInterface: generated answer ids (cut before EOA) and image codes."""
+    from interface import OfficialInterface, write_tiny_checkpoint
+
+    from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
+    from lumina.generation.assets import load_model
+
+    S, U = cases.SYSTEM, cases.USER
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = write_tiny_checkpoint(Path(tmp) / "ckpt")
+        cases.fixture_tokenizer().save(str(Path(tmp) / "tokenizer.json"))
+        tokens = special_tokens_of(HFTokenizer(Path(tmp) / "tokenizer.json"), 4096, 8)
+        model = load_model(checkpoint, device="cpu", dtype="float32")
+
+        def answer(prefix, types, settings) -> list[int]:
+            iface = OfficialInterface(model, tokens, settings["block_length"])
+            p = int(prefix.shape[0])
+            ids = mmu.infer_single_turn_text(
+                iface, None, prefix, types, settings["gen_length"], settings["block_length"], settings["steps"],
+                0.0, "cpu", prefix_turn_ids=torch.zeros(p, dtype=torch.long),
+                prefix_block_ids=torch.full((p,), -1, dtype=torch.long), prefix_is_clean=torch.ones(p, dtype=torch.long),
+                prefix_position_ids=torch.arange(p), generated_turn_id=1, generated_position_start=p + 1)
+            assert iface.mask_checks > 0
+            return ids.tolist()
+
+        for name, path in cases.write_token_files(tmp).items():
+            found, h, w = load_image_tokens(str(path))
+            image = mmu.add_break_line_multi_codebook(found, h, w, new_number=mmu.NEW_LINE)
+            prefix = mmu.build_sft_user_prefix(tok, S["understand"], U["understand_image"], [(mmu.IMG_CONTEXT, image)],
+                                               True, "cpu")
+            out[f"understand_{name}"] = {"ids": answer(*prefix, cases.PARITY_UNDERSTAND)}
+        prefix = mmu.build_sft_user_prefix(tok, S["text"], U["text_qa"], None, True, "cpu")
+        out["text_qa_partial_block"] = {"ids": answer(*prefix, cases.PARITY_TEXT)}
+        for name, steps in cases.PARITY_T2I.items():
+            request = image_request(t2i, tok, S["t2i"], U["t2i"], [], cases.PARITY_T2I_GRID)
+            cond, uncond = request["cond"], request["uncond"]
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(cases.PARITY_SEED)
+            iface = OfficialInterface(model, tokens)
+            vq = t2i.generate_image_ar(
+                iface, input_ids=torch.tensor([cond["input_ids"]]), uncon_input_ids=torch.tensor([uncond["input_ids"]]),
+                type_position_ids=torch.tensor([cond["type_ids"]]),
+                uncon_type_position_ids=torch.tensor([uncond["type_ids"]]), timesteps=steps,
+                mask_token_id=t2i.IMAGE_MASK_ID, newline_id=t2i.NEW_LINE, temperature=0.0, cfg_scale=0.0,
+                code_start=cond["media_region_start"], user_prefix_len=cond["user_prefix_len"],
+                media_region_start=cond["media_region_start"], uncon_user_prefix_len=uncond["user_prefix_len"],
+                uncon_media_region_start=uncond["media_region_start"], generator=generator)
+            assert iface.mask_checks > 0
+            out[name] = {"codes": vq[0].tolist()}
+    return out
 
 
 if __name__ == "__main__":
