@@ -17,12 +17,13 @@ from official.interface import write_tiny_checkpoint
 from lumina.generation.run import run
 
 EXPECTED = json.loads((Path(__file__).parent / "official" / "parity.json").read_text())
+SYSTEM = json.loads((Path(__file__).parent / "official" / "sequences.json").read_text())["system_prompts"]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     directory = write_tiny_checkpoint(tmp_path_factory.mktemp("official") / "ckpt")
-    cases.fixture_tokenizer().save(str(directory / "tokenizer.json"))
+    cases.fixture_tokenizer(SYSTEM).save(str(directory / "tokenizer.json"))
     return directory
 
 

@@ -25,12 +25,13 @@ from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, te
 from lumina.generation.settings import SETTINGS_DIR
 
 EXPECTED = json.loads((Path(__file__).parent / "official" / "sequences.json").read_text())
+SYSTEM = EXPECTED.pop("system_prompts")  # the official scripts' defaults
 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> HFTokenizer:
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    cases.fixture_tokenizer().save(str(path))
+    cases.fixture_tokenizer(SYSTEM).save(str(path))
     return HFTokenizer(path)
 
 
@@ -75,7 +76,7 @@ def test_text_answer_prompts_match_the_official_builders(case, tok, tokens):
     (build_sft_*_prefix + _append_boa_with_meta); the first answer slot sits at generated_position_start."""
     key, parts = UNDERSTANDING[case]
     expected = EXPECTED[case]
-    system = tok.encode(cases.SYSTEM[key])
+    system = tok.encode(SYSTEM[key])
     n = len(expected["input_ids"])  # prompt + BOA
     prompt = Prompt(parts(tok.encode), system=system)
     mask = torch.full((32,), tokens.text_mask, dtype=torch.long)
@@ -93,7 +94,7 @@ def test_a_later_turn_matches_the_official_builder(tok, tokens):
     """The second user turn of a conversation (build_sft_user_prefix(first_user=False)): no system, its image
     on its own line."""
     enc = tok.encode
-    sample = Sample("multi", [Turn("system", [Text(enc(cases.SYSTEM["understand"]))]),
+    sample = Sample("multi", [Turn("system", [Text(enc(SYSTEM["understand"]))]),
                               Turn("user", [image(), Text(enc(cases.USER["understand_image"]))]),
                               Turn("assistant", [Text(enc("red"))]),
                               Turn("user", [image(4), Text(enc(cases.USER["understand_later_turn"]))]),
@@ -113,7 +114,7 @@ def _image_prompt(case: str, tok) -> Prompt:
     if case == "edit":
         parts.insert(0, image())
     grid = cases.IMAGE_GRID if case == "edit" else cases.T2I_GRID
-    return Prompt(parts, system=tok.encode(cases.SYSTEM[case]), grid=grid)
+    return Prompt(parts, system=tok.encode(SYSTEM[case]), grid=grid)
 
 
 def _check_branches(case: str, prompt: Prompt, tokens) -> None:
@@ -140,7 +141,7 @@ def test_image_answer_branches_match_the_official_builders(case, tok, tokens):
 def test_training_cfg_dropout_is_the_official_negative(drop_text, drop_image, branch, tok, tokens):
     """An edit sample's CFG dropout lays out the prompt of the matching official guidance branch."""
     enc = tok.encode
-    sample = Sample("edit", [Turn("system", [Text(enc(cases.SYSTEM["edit"]))]),
+    sample = Sample("edit", [Turn("system", [Text(enc(SYSTEM["edit"]))]),
                              Turn("user", [image(), Text(enc(cases.USER["edit"]))]),
                              Turn("assistant", [image(5)])])
     noise = NoiseConfig(uncond_text_prob=float(drop_text), uncond_image_prob=float(drop_image))
@@ -153,8 +154,9 @@ def test_training_cfg_dropout_is_the_official_negative(drop_text, drop_image, br
 
 @pytest.mark.parametrize("case", ["t2i", "edit", "understand_image", "understand_mid_text", "text_qa"])
 def test_lumina_generate_builds_the_official_request(case, tok, tokens, tmp_path):
-    """`lumina-generate`'s prompt construction from a prompt string (and a 5-column token file), with the
-    official settings' system prompts, equals the official sequence."""
+    """`lumina-generate`'s prompt construction from a prompt string (and a 5-column token file), with its own
+    copy of the official system prompts (conf/generate/official.yaml -> lumina.data.prompts), equals the
+    official sequence."""
     assets = GenerationAssets(tok, tokens, None, "fixture")
     settings = OmegaConf.load(SETTINGS_DIR / "official.yaml")
     h, w = cases.IMAGE_GRID

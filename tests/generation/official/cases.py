@@ -23,24 +23,8 @@ SPECIALS = {  # utils/tokenizer_contract.py, plus pad
     "<VIDEO_CONTEXT>": 157161, "<answer>": 157165, "</answer>": 157166, "<BOI>": 157167, "<EOI>": 157168,
     "<BO3d>": 157169, "<EO3d>": 157170, "<BOV>": 157171, "<EOV>": 157172,
 }
-# the official scripts' default system prompts (infer_mmu_sft.py, infer_video_sft.py, infer_3d_sft.py,
-# infer_t2i_sft.py), keyed like lumina.data.prompts
-SYSTEM = {
-    "text": "You are a helpful assistant.",
-    "understand": "You are a multimodal assistant. Answer directly using the provided image(s), text, and "
-                  "conversation context; if there is no question, describe the image(s) clearly and accurately.",
-    "understand_video": "You are a multimodal model that can process text and video. Answer the following "
-                        "question based on the provided video frames or clips. Analyze temporal dynamics, "
-                        "motion, interactions, and scene changes across frames. Track relevant objects and "
-                        "events over time, and integrate information to produce a consistent and accurate "
-                        "answer.",
-    "understand_mesh3d": "You are a multimodal model that can process text and 3D content. Answer the following "
-                         "question based on the provided 3D representations. Carefully analyze the object's "
-                         "geometry, spatial structure, viewpoint consistency, and fine-grained details across "
-                         "views. Combine relevant information to produce a coherent and accurate answer.",
-    "t2i": "Generate an image according to the text prompt.",
-    "edit": "Generate an image applying the following editing instruction based on the original image.",
-}
+# the official scripts' default system prompts, keyed like lumina.data.prompts: read from the official modules
+# by make_fixtures.py (official_system_prompts) and recorded in sequences.json ("system_prompts")
 # user texts of the cases (as a client passes them to the official scripts)
 USER = {
     "understand_image": "what colour is the square ?",
@@ -59,14 +43,15 @@ MESH_GRID = (2, 2, 2)  # (z, y, x)
 T2I_GRID = (2, 2)
 
 
-def words() -> list[str]:
-    texts = list(SYSTEM.values()) + [t.replace("<IMG_CONTEXT>", " ") for t in USER.values()]
+def words(system_prompts: dict[str, str]) -> list[str]:
+    texts = list(system_prompts.values()) + [t.replace("<IMG_CONTEXT>", " ") for t in USER.values()]
     return sorted({w for t in texts for w in t.split()})
 
 
-def fixture_tokenizer() -> Tokenizer:
+def fixture_tokenizer(system_prompts: dict[str, str]) -> Tokenizer:
+    """Word-level over the official id space; its words: those of the cases' user texts and `system_prompts`."""
     vocab = {f"<unused_{i}>": i for i in range(VOCAB_SIZE)}
-    named = {**SPECIALS, "\n": NEWLINE, **{w: WORD_BASE + i for i, w in enumerate(words())}}
+    named = {**SPECIALS, "\n": NEWLINE, **{w: WORD_BASE + i for i, w in enumerate(words(system_prompts))}}
     for name, i in named.items():
         del vocab[f"<unused_{i}>"]
         vocab[name] = i

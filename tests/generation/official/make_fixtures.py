@@ -82,7 +82,8 @@ def main() -> None:
     from transformers import PreTrainedTokenizerFast
     from utils.media_token_io import load_image_tokens_from_rclone
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=cases.fixture_tokenizer())
+    system = official_system_prompts(mmu, video, d3, t2i)
+    tok = PreTrainedTokenizerFast(tokenizer_object=cases.fixture_tokenizer(system))
     # the image as a .pkl of NumPy arrays written by torch.save, 4 coords columns (row, col the last two)
     h, w = cases.IMAGE_GRID
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,8 +102,8 @@ def main() -> None:
     mesh_coords = torch.tensor([[0, 0, x, y, k] for k in range(z) for y in range(y_) for x in range(x_)])
     mesh_rows = d3.add_break_line_multi_codebook_3d(cases.codes(z * y_ * x_, 3), mesh_coords, y_, x_, z,
                                                     new_number=d3.LINE_3D, layer_end_number=d3.LAYER_3D)
-    S, U = cases.SYSTEM, cases.USER
-    out: dict = {}
+    S, U = system, cases.USER
+    out: dict = {"system_prompts": system}
     for name, media in (("understand_image", [(mmu.IMG_CONTEXT, image)]),
                         ("understand_two_images", [(mmu.IMG_CONTEXT, image), (mmu.IMG_CONTEXT, second)]),
                         ("understand_mid_text", [(mmu.IMG_CONTEXT, image)])):
@@ -118,13 +119,20 @@ def main() -> None:
     out["t2i"] = image_request(t2i, tok, S["t2i"], U["t2i"], [], cases.T2I_GRID)
     out["edit"] = image_request(t2i, tok, S["edit"], U["edit"], [(t2i.IMG_CONTEXT, image)], cases.IMAGE_GRID)
     Path(args.out).write_text(json.dumps(out, separators=(",", ":")) + "\n")
-    print(f"wrote {len(out)} cases to {args.out}")
-    parity = parity_outputs(tok, mmu, t2i, load_image_tokens_from_rclone)
+    print(f"wrote {len(out) - 1} cases to {args.out}")
+    parity = parity_outputs(tok, system, mmu, t2i, load_image_tokens_from_rclone)
     Path(args.parity_out).write_text(json.dumps(parity, indent=1) + "\n")
     print(f"wrote {len(parity)} parity outputs to {args.parity_out}")
 
 
-def parity_outputs(tok, mmu, t2i, load_image_tokens) -> dict:
+def official_system_prompts(mmu, video, d3, t2i) -> dict[str, str]:
+    """The scripts' default system prompts, keyed like lumina.data.prompts."""
+    return {"text": mmu.DEFAULT_SYSTEM_PROMPTS["text"], "understand": mmu.DEFAULT_SYSTEM_PROMPTS["under"],
+            "understand_video": video.DEFAULT_SYSTEM_PROMPT, "understand_mesh3d": d3.DEFAULT_SYSTEM_PROMPT,
+            "t2i": t2i.DEFAULT_SYSTEM_PROMPTS["t2i"], "edit": t2i.DEFAULT_SYSTEM_PROMPTS["single_edit"]}
+
+
+def parity_outputs(tok, system, mmu, t2i, load_image_tokens) -> dict:
     """The official generators (temperature 0, guidance 0) on interface.write_tiny_checkpoint, through
     interface.OfficialInterface: generated answer ids (cut before EOA) and image codes."""
     from interface import OfficialInterface, write_tiny_checkpoint
@@ -132,11 +140,11 @@ def parity_outputs(tok, mmu, t2i, load_image_tokens) -> dict:
     from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
     from lumina.generation.assets import load_model
 
-    S, U = cases.SYSTEM, cases.USER
+    S, U = system, cases.USER
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = write_tiny_checkpoint(Path(tmp) / "ckpt")
-        cases.fixture_tokenizer().save(str(Path(tmp) / "tokenizer.json"))
+        cases.fixture_tokenizer(system).save(str(Path(tmp) / "tokenizer.json"))
         tokens = special_tokens_of(HFTokenizer(Path(tmp) / "tokenizer.json"), 4096, 8)
         model = load_model(checkpoint, device="cpu", dtype="float32")
 
