@@ -55,14 +55,16 @@ def _sizes(args: argparse.Namespace, visual: object | None) -> tuple[int, int]:
 
 def _tokens(args: argparse.Namespace, tokenizer: object | None, sizes: tuple[int, int], own_vocabulary: bool):
     from lumina.data.special_tokens import SpecialTokens
-    from lumina.data.tokenizers.text import special_tokens_of
+    from lumina.data.tokenizers.text import newline_id, special_tokens_of
 
     codebook_size, num_codebooks = sizes
+    newline = {} if args.newline_id is None else {"newline": args.newline_id}
     if args.special_tokens == "tokenizer" or own_vocabulary:
         if tokenizer is None:
             raise ValueError("--special-tokens tokenizer needs --tokenizer")
-        return special_tokens_of(tokenizer, codebook_size, num_codebooks)
-    return SpecialTokens.official().replace(codebook_size=codebook_size, num_codebooks=num_codebooks)
+        return special_tokens_of(tokenizer, codebook_size, num_codebooks, **newline)
+    newline = newline or {"newline": -1 if tokenizer is None else newline_id(tokenizer)}
+    return SpecialTokens.official(**newline).replace(codebook_size=codebook_size, num_codebooks=num_codebooks)
 
 
 def _progress(enabled: bool) -> Callable[[int], None] | None:
@@ -223,6 +225,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--tokenizer", help="HF tokenizer.json for text parts given as strings")
     b.add_argument("--special-tokens", choices=("official", "tokenizer"), default="official",
                    help="official ids, or the ids the --tokenizer vocabulary defines")
+    b.add_argument("--newline-id", type=int, help="the text id of '\\n' (the prompt template's newline after a "
+                                                  "media line); default: the tokenizer's")
     b.add_argument("--codebook-size", type=int, help="default: the visual tokenizer's, else 4096")
     b.add_argument("--num-codebooks", type=int, help="default: the visual tokenizer's, else 8")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise")

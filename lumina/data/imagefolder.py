@@ -2,7 +2,8 @@
 
 DIR holds the images and `metadata.jsonl`: one JSON object per image with `file_name` (relative to DIR) and
 `text` (its caption), the convention of Hugging Face `datasets`' imagefolder; other keys are ignored. Each image
-becomes one sample per chosen task, named "<file_name>#<task>":
+becomes one sample per chosen task, named "<file_name>#<task>", opened by the official system prompt of its
+task (`lumina.data.prompts`, the ones `lumina-generate` uses for a checkpoint trained on it):
     t2i      user: the caption                          assistant: the image
     caption  user: the image, then the caption prompt   assistant: the caption
 The held-out split ("val") takes round(val_fraction * N) of the N images (at least one when val_fraction > 0
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lumina.data.build import RawRow, manifest_rows
+from lumina.data.prompts import OFFICIAL_SYSTEM_PROMPTS
 from lumina.data.roots import dataset_root
 
 METADATA_FILE = "metadata.jsonl"
@@ -50,9 +52,15 @@ def metadata_rows(directory: str | Path) -> list[RawRow]:
     return [_check_entry(row) for row in manifest_rows([path])]
 
 
+SYSTEM_PROMPT_TASK = {"t2i": "t2i", "caption": "understand"}  # imagefolder task -> lumina.data.prompts key
+
+
 def caption_words(rows: list[RawRow], caption_prompt: str = CAPTION_PROMPT) -> list[str]:
-    """Every whitespace-separated word of the captions and the caption prompt, sorted (a vocabulary)."""
+    """Every whitespace-separated word of the captions, the caption prompt and the system prompts, sorted (a
+    vocabulary)."""
     words = set(caption_prompt.split())
+    for task in SYSTEM_PROMPT_TASK.values():
+        words.update(OFFICIAL_SYSTEM_PROMPTS[task].split())
     for row in rows:
         if row.error is None:
             words.update(row.obj["text"].split())
@@ -82,7 +90,8 @@ def task_sample(file_name: str, text: str, task: str, caption_prompt: str) -> di
                  {"role": "assistant", "parts": [{"kind": "text", "text": text}]}]
     else:
         raise ValueError(f"task={task!r}: expected one of {TASKS}")
-    return {"id": f"{file_name}#{task}", "turns": turns}
+    system = {"role": "system", "parts": [{"kind": "text", "text": OFFICIAL_SYSTEM_PROMPTS[SYSTEM_PROMPT_TASK[task]]}]}
+    return {"id": f"{file_name}#{task}", "turns": [system, *turns]}
 
 
 def task_rows(rows: list[RawRow], tasks: list[str], caption_prompt: str = CAPTION_PROMPT) -> list[RawRow]:

@@ -13,8 +13,11 @@ Layout of a sample with exchanges (prompt_k, answer_k), k = 0..K-1:
 - image answer_k (must be the last turn): BOA BOI grid EOI EOA, noisy, block 0; an exact cosine-schedule
   count of cells is masked (all C columns -> image mask id), labels = their C codes. No memory.
 - Positions run 0.. over prompts and answers; memory rows reuse their noisy copy's positions.
-- CFG dropout (image-answer samples only): the last prompt's text becomes `<uncondition>` (drop_text) and,
-  independently, its media are removed (drop_image).
+- Prompts follow the official template (`layout_pieces.user_content`): placeholders in user text expanded where
+  they stand, media before the text on lines of their own ("\n" after each media line).
+- CFG dropout (image-answer samples only), as the official guidance branches: drop_text and drop_image ->
+  `<uncondition>` alone; drop_text -> the media (each on its own line) then `<uncondition>`; drop_image -> the
+  text without placeholders or media.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from lumina.data.layout_pieces import (
     layout_prompt,
     layout_text_answer,
     prompt_length,
+    user_content,
 )
 from lumina.data.noise import (
     NoiseConfig,
@@ -41,7 +45,7 @@ from lumina.data.noise import (
 )
 from lumina.data.schema import GRID_RANK, Media, Part, Sample, Text
 from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.special_tokens import PLACEHOLDER_FIELDS, UNSET, SpecialTokens
 
 
 @dataclass
@@ -89,6 +93,8 @@ def plan_exchanges(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fals
         prompt_parts = list(turns[k].parts)
         for j, part in enumerate(prompt_parts):
             _check_part(sample, k, j, part, tokens, check_values)
+        if check_values:
+            user_content(prompt_parts, tokens, f"sample {sid!r}: turns[{k}]")  # placeholders match the media
         answer_text, answer_image = _answer_of(sample, k + 1, tokens, check_values)
         if answer_image is not None and k + 2 < len(turns):
             raise ValueError(f"sample {sid!r}: turns[{k + 1}] is an image answer but more turns follow; "
@@ -111,7 +117,7 @@ def laid_out_length(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fal
     """len(layout) for the given CFG decisions (from `cfg_dropout`), without building tensors."""
     n = 0
     for ex in plan_exchanges(sample, tokens, drop_text, drop_image, check_values=False):
-        n += prompt_length(ex.prompt_parts, ex.system)
+        n += prompt_length(ex.prompt_parts, tokens, ex.system, f"sample {sample.id!r}")
         if ex.answer_text is not None:
             n += 1 + 2 * (len(ex.answer_text) + 1)  # BOA + noisy rows + memory rows (answer + EOA each)
         else:
@@ -189,22 +195,21 @@ def _noise_rows(piece: TrainingSequence, rows: torch.Tensor, masked: torch.Tenso
 
 
 def _cfg_drop(parts: list[Part], tokens: SpecialTokens, drop_text: bool, drop_image: bool) -> list[Part]:
-    """drop_text: every Text part -> one `<uncondition>` at the first one's place (at the end if none);
-    drop_image: every Media part removed."""
-    out: list[Part] = []
-    placed = False
-    for part in parts:
-        if isinstance(part, Text) and drop_text:
-            if not placed:
-                out.append(Text([tokens.uncondition]))
-                placed = True
-        elif isinstance(part, Media) and drop_image:
-            continue
-        else:
-            out.append(part)
-    if drop_text and not placed:
-        out.append(Text([tokens.uncondition]))
-    return out
+    """The user turn as the official guidance branches build it (infer_t2i_sft.py):
+    drop_text and drop_image: `<uncondition>` alone; drop_text: every media on its own line, then
+    `<uncondition>`; drop_image (with media): the text without its placeholders, "\n" stripped at both ends."""
+    media = [p for p in parts if isinstance(p, Media)]
+    if drop_text:
+        return ([] if drop_image else list(media)) + [Text([tokens.uncondition])]
+    if not drop_image or not media:
+        return parts
+    placeholders = {tokens.placeholder(kind) for kind in PLACEHOLDER_FIELDS} - {UNSET}
+    ids = [i for p in parts if isinstance(p, Text) for i in p.ids if i not in placeholders]
+    while ids and ids[0] == tokens.newline:
+        ids.pop(0)
+    while ids and ids[-1] == tokens.newline:
+        ids.pop()
+    return [Text(ids)]
 
 
 def _text_of(sample: Sample, k: int, tokens: SpecialTokens, check_values: bool, what: str) -> list[int]:

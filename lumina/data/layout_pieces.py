@@ -19,7 +19,7 @@ from lumina.data.roles import IGNORE_INDEX as IGNORE
 from lumina.data.roles import TokenType
 from lumina.data.schema import Media, Part, Text
 from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.special_tokens import PLACEHOLDER_FIELDS, SpecialTokens
 
 TYPE_PAD, TYPE_TEXT, TYPE_MEDIA, TYPE_TEXT_ANSWER, TYPE_IMAGE_ANSWER = TokenType
 
@@ -98,29 +98,89 @@ def media_rows(media: Media, tokens: SpecialTokens) -> tuple[torch.Tensor, torch
     return ids, types
 
 
-def prompt_length(parts: list[Part], system: list[int] | None = None) -> int:
-    """Rows of `layout_prompt(parts, system=system)`."""
-    n = 2 + (0 if system is None else 2 + len(system))
+def user_content(parts: list[Part], tokens: SpecialTokens, where: str = "prompt") -> list[int | Media]:
+    """A user turn's content, as the official prompt builders lay it out: text ids and media, in order.
+
+    Placeholders in the text (`<IMG_CONTEXT>` / `<VIDEO_CONTEXT>` / `<3D_CONTEXT>`) are expanded where they
+    stand, each by the turn's next Media part of its kind; then every Media part must have one. Without
+    placeholders, media that come before any text stand on lines of their own, as the official builders prepend
+    a missing placeholder: M1 "\n" M2 ... Mk ("\n" text, when there is text); media after text stand where
+    they are (as if their placeholder were written there). Raises naming `where` for unmatched media or
+    placeholders, and when a media line needs `SpecialTokens.newline` and the vocabulary has none."""
+    media = [p for p in parts if isinstance(p, Media)]
+    kinds = {tokens.placeholder(kind): kind for kind in PLACEHOLDER_FIELDS if tokens.placeholder(kind) >= 0}
+    if any(i in kinds for p in parts if isinstance(p, Text) for i in p.ids):
+        return _expand_placeholders(parts, media, kinds, where)
+    out: list[int | Media] = []
+    leading = True
     for part in parts:
-        n += len(part.ids) if isinstance(part, Text) else media_length(part.kind, tuple(part.grid))
+        if isinstance(part, Text):
+            if leading and part.ids and out:
+                out.append(_newline(tokens, where))
+            leading = leading and not part.ids
+            out.extend(part.ids)
+        elif leading:
+            if out:
+                out.append(_newline(tokens, where))
+            out.append(part)
+        else:
+            out.append(part)
+    return out
+
+
+def _expand_placeholders(parts: list[Part], media: list[Media], kinds: dict[int, str],
+                         where: str) -> list[int | Media]:
+    queues = {kind: [m for m in media if m.kind == kind] for kind in PLACEHOLDER_FIELDS}
+    out: list[int | Media] = []
+    for part in parts:
+        if not isinstance(part, Text):
+            continue
+        for i in part.ids:
+            if i not in kinds:
+                out.append(i)
+            elif queues[kinds[i]]:
+                out.append(queues[kinds[i]].pop(0))
+            else:
+                raise ValueError(f"{where}: a {kinds[i]} placeholder (id {i}) has no {kinds[i]} media part left "
+                                 f"to stand for ({sum(m.kind == kinds[i] for m in media)} given)")
+    left = {kind: len(q) for kind, q in queues.items() if q}
+    if left:
+        raise ValueError(f"{where}: the text holds placeholders but {left} media part(s) have none; give every "
+                         "media part a placeholder, or none (then media before the text stand on their own lines)")
+    return out
+
+
+def _newline(tokens: SpecialTokens, where: str) -> int:
+    if tokens.newline < 0:
+        raise ValueError(f"{where}: a media line ends in '\\n' but SpecialTokens.newline is unset; the tokenizer "
+                         "has no single '\\n' token (pass newline=<id>)")
+    return tokens.newline
+
+
+def prompt_length(parts: list[Part], tokens: SpecialTokens, system: list[int] | None = None,
+                  where: str = "prompt") -> int:
+    """Rows of `layout_prompt(parts, tokens, system=system)`."""
+    n = 2 + (0 if system is None else 2 + len(system))
+    for item in user_content(parts, tokens, where):
+        n += 1 if isinstance(item, int) else media_length(item.kind, tuple(item.grid))
     return n
 
 
 def layout_prompt(parts: list[Part], tokens: SpecialTokens, turn: int = 0, start_position: int = 0,
                   system: list[int] | None = None, sample_id: str = "") -> TrainingSequence:
-    """`<system>{system}</system><user>{parts in order}</user>` (the system wrapper only when `system` is
+    """`<system>{system}</system><user>{user_content(parts)}</user>` (the system wrapper only when `system` is
     given): one clean turn, block -1, positions start_position.. . Text type 1, media as `media_rows`."""
     c = tokens.num_codebooks
     head = [] if system is None else [tokens.system_open, *system, tokens.system_close]
     chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
     pending = [*head, tokens.user_open]
-    for part in parts:
-        if isinstance(part, Text):
-            pending.extend(part.ids)
+    for item in user_content(parts, tokens, f"sample {sample_id!r}"):
+        if isinstance(item, int):
+            pending.append(item)
             continue
         chunks.append(_text_chunk(pending, c))
         pending = []
-        chunks.append(media_rows(part, tokens))
+        chunks.append(media_rows(item, tokens))
     pending.append(tokens.user_close)
     chunks.append(_text_chunk(pending, c))
     ids = torch.cat([ch[0] for ch in chunks])

@@ -3,6 +3,8 @@
 Text ids live in the word vocabulary (`text_vocab_size` rows); image-code ids live in the per-codebook
 image tables (`image_vocab_size` rows), where 0..codebook_size-1 are real codes and the markers sit above.
 `official()` gives the InternLumina-U2 values (contract section 7); a built-in tokenizer passes its own ids.
+The prompt template's tokens (`TEMPLATE_FIELDS`: the media placeholders and the tokenizer's "\n") are -1 where
+a vocabulary has none; the official contract fixes the placeholders, "\n" comes from the tokenizer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ TEXT_ID_FIELDS = (
     "pad", "text_mask", "boa", "eoa", "boi", "eoi", "bov", "eov", "bo3d", "eo3d",
     "system_open", "system_close", "user_open", "user_close", "uncondition",
 )
+# Text ids of the prompt template (`lumina.data.layout_pieces.user_content`); -1 = not in the vocabulary.
+TEMPLATE_FIELDS = ("img_context", "video_context", "mesh3d_context", "newline")
+UNSET = -1
+# Media kind -> the placeholder field that stands for it in user text (official <IMG_CONTEXT> etc.)
+PLACEHOLDER_FIELDS = {"image": "img_context", "video": "video_context", "mesh3d": "mesh3d_context"}
 IMAGE_ID_FIELDS = (
     "image_mask", "image_row_end", "mesh3d_row_end", "mesh3d_layer_end", "video_row_end", "video_group_end",
 )
@@ -38,6 +45,11 @@ class SpecialTokens:
     user_open: int = 157155
     user_close: int = 157157
     uncondition: int = 157156
+    # --- prompt-template text ids (-1 = none in this vocabulary) ---
+    img_context: int = UNSET
+    video_context: int = UNSET
+    mesh3d_context: int = UNSET
+    newline: int = UNSET
     # --- image-code table ids ---
     image_mask: int = 5000
     image_row_end: int = 5001
@@ -55,9 +67,24 @@ class SpecialTokens:
         self.validate()
 
     @classmethod
-    def official(cls) -> SpecialTokens:
-        """The released model's ids and sizes."""
-        return cls()
+    def official(cls, newline: int = UNSET) -> SpecialTokens:
+        """The released model's ids and sizes; `newline` is the official tokenizer's id of "\n"."""
+        return cls(img_context=157160, video_context=157161, mesh3d_context=157158, newline=newline)
+
+    @classmethod
+    def from_record(cls, fields: dict, where: str) -> SpecialTokens:
+        """SpecialTokens from a stored record (a dataset's metadata); records written before the prompt template
+        (no TEMPLATE_FIELDS) are refused, since their samples were laid out without it."""
+        missing = [f for f in TEMPLATE_FIELDS if f not in fields]
+        if missing:
+            raise ValueError(f"{where}: special tokens recorded without {missing}: the data predates the prompt "
+                             "template (media placeholders, a '\\n' after a media line, per-task system prompts); "
+                             "rebuild it with this version of lumina-data")
+        return cls(**fields)
+
+    def placeholder(self, kind: str) -> int:
+        """The placeholder id of media `kind` (UNSET when the vocabulary has none)."""
+        return getattr(self, PLACEHOLDER_FIELDS[kind])
 
     def validate(self) -> None:
         for name in ("text_vocab_size", "image_vocab_size", "codebook_size", "num_codebooks"):
@@ -77,10 +104,17 @@ class SpecialTokens:
                 raise ValueError(f"SpecialTokens.{name}={value}: must lie in [codebook_size="
                                  f"{self.codebook_size}, image_vocab_size={self.image_vocab_size}) "
                                  f"so it never collides with a code")
-        for fields in (TEXT_ID_FIELDS, IMAGE_ID_FIELDS):
+        for name in TEMPLATE_FIELDS:
+            value = getattr(self, name)
+            if value != UNSET and not 0 <= value < self.text_vocab_size:
+                raise ValueError(f"SpecialTokens.{name}={value}: outside the text vocabulary [0, "
+                                 f"{self.text_vocab_size}) (use {UNSET} for none)")
+        for fields in (TEXT_ID_FIELDS + TEMPLATE_FIELDS, IMAGE_ID_FIELDS):
             seen: dict[int, str] = {}
             for name in fields:
                 value = getattr(self, name)
+                if value == UNSET and name in TEMPLATE_FIELDS:
+                    continue
                 if value in seen:
                     raise ValueError(f"SpecialTokens.{name}={value}: same id as {seen[value]}")
                 seen[value] = name

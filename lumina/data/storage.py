@@ -160,7 +160,7 @@ def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
 
 def read_settings(path: str | Path, schema: pa.Schema | None = None) -> SpecialTokens:
     """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
-    return SpecialTokens(**_metadata(path, schema)["special_tokens"])
+    return SpecialTokens.from_record(_metadata(path, schema)["special_tokens"], str(path))
 
 
 def read_assets(path: str | Path, schema: pa.Schema | None = None) -> DatasetAssets:

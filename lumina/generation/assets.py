@@ -12,7 +12,13 @@ from torch import nn
 
 from lumina.data.assets import VISUAL_DIR
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.tokenizers.text import HFTokenizer, TextTokenizer, WordTokenizer, special_tokens_of
+from lumina.data.tokenizers.text import (
+    VOCABULARY_CHANGE,
+    HFTokenizer,
+    TextTokenizer,
+    WordTokenizer,
+    special_tokens_of,
+)
 from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model
 from lumina.data.visual_tokenizers import BUILTIN, load_visual_tokenizer
 from lumina.model.config import LuminaConfig
@@ -28,21 +34,28 @@ class GenerationAssets:
     name: str
 
 
+def read_config(checkpoint: str | Path) -> LuminaConfig:
+    """The LuminaConfig of an HF-layout checkpoint directory."""
+    directory = Path(checkpoint)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint={str(checkpoint)!r}: no config.json there (expected an HF "
+                                "checkpoint directory, e.g. <run>/hf)")
+    return LuminaConfig.from_hf(directory)
+
+
 def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float32") -> nn.Module:
     """An HF-layout checkpoint directory -> LuminaModel in eval mode on `device`, parameters in `dtype`."""
     from lumina.checkpoint.model_factory import build_model
 
     directory = Path(checkpoint)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"checkpoint={str(checkpoint)!r}: no config.json there (expected an HF "
-                                "checkpoint directory, e.g. <run>/hf)")
+    config = read_config(directory)
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"dtype={dtype!r}: not a torch dtype name (float32, bfloat16, ...)")
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype)
     try:
-        model = build_model(LuminaConfig.from_hf(directory), init_from=directory, device=device)
+        model = build_model(config, init_from=directory, device=device)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -51,13 +64,20 @@ def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float3
 def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, image_tokenizer: str = "auto",
                 device: str | None = None) -> GenerationAssets:
     """tokenizer: "world" (the built-in world tokenizers), a tokenizer.json path, or "auto" (the checkpoint's
-    tokenizer.json when it has one, else the built-in world). image_tokenizer: "auto" (the checkpoint's
+    tokenizer.json; the built-in world's when it holds the world's vocabulary; a checkpoint without one is
+    refused). image_tokenizer: "auto" (the checkpoint's
     visual_tokenizer/ when it has one, else the built-in world's with tokenizer=world, else none), "none",
     "builtin", "atoken" or a saved tokenizer directory; its codebooks must be the model's. device: where the
     visual tokenizer runs (None / "auto": its default; AToken's is CUDA)."""
     directory = Path(checkpoint)
     if tokenizer == "auto":
-        tokenizer = str(directory / "tokenizer.json") if (directory / "tokenizer.json").is_file() else "world"
+        if not (directory / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"checkpoint={str(checkpoint)!r} has no tokenizer.json: pass tokenizer=PATH (or "
+                                    "tokenizer=world); built-in-world checkpoints made before "
+                                    f"{VOCABULARY_CHANGE} carry none and are refused")
+        tokenizer = str(directory / "tokenizer.json")
+        if _is_world_vocabulary(tokenizer):
+            tokenizer = "world"
     visual = _visual_tokenizer(directory, image_tokenizer, tokenizer == "world", config, device)
     if tokenizer == "world":
         from lumina.data.world.dataset import world_special_tokens, world_text_tokenizer
@@ -77,6 +97,17 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, im
     tokens = special_tokens_of(text, config.codebook_size, config.num_codebooks,
                                image_vocab_size=config.image_vocab_size, **overrides)
     return GenerationAssets(text, tokens, visual, str(path))
+
+
+def _is_world_vocabulary(path: str) -> bool:
+    from lumina.data.world.dataset import world_text_tokenizer
+
+    try:
+        return WordTokenizer.load(path).vocab == world_text_tokenizer().vocab
+    except ValueError as error:
+        if VOCABULARY_CHANGE in str(error):
+            raise
+        return False
 
 
 def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaConfig,

@@ -11,8 +11,9 @@ GUIDANCE_TARGETS = ("hidden", "logits")
 class TextSamplingConfig:
     """Block-diffusion text decoding (contract 6.2).
 
-    gen_length: answer budget in tokens (rounded up to whole blocks); block_length: tokens per block;
-    steps: denoising steps per block (linear schedule); temperature 0 = argmax; top_k / top_p filters;
+    gen_length: answer budget in tokens (the last block is shortened to end at it); block_length: tokens per
+    block; steps: denoising steps per block (linear schedule; more steps than a block's tokens are allowed,
+    the extra ones commit nothing, as in the official sampler); temperature 0 = argmax; top_k / top_p filters;
     threshold: commit every masked slot whose confidence exceeds it when at least the scheduled number do
     (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward.
     Defaults are the official text-understanding ones (contract 6.2: 1024 tokens, blocks of 32, 32 steps,
@@ -32,9 +33,6 @@ class TextSamplingConfig:
         for name in ("gen_length", "block_length", "steps", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"TextSamplingConfig.{name}={getattr(self, name)!r}: must be a positive integer")
-        if self.steps > self.block_length:
-            raise ValueError(f"TextSamplingConfig.steps={self.steps}: more steps than block_length="
-                             f"{self.block_length} tokens")
         _check_common("TextSamplingConfig", self.temperature, self.top_k, self.top_p)
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"TextSamplingConfig.threshold={self.threshold}: must lie in (0, 1] or be None")
@@ -42,6 +40,10 @@ class TextSamplingConfig:
     @property
     def num_blocks(self) -> int:
         return -(-self.gen_length // self.block_length)
+
+    def block_size(self, block_index: int) -> int:
+        """Slots of block `block_index`: block_length, the last one cut to end at gen_length."""
+        return min(self.block_length, self.gen_length - block_index * self.block_length)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ A prompt's answer is a grid of h x w cells (plus row markers), all masked at the
 steps: one backbone forward over every prompt's guidance branches (one pack), guidance on the hidden states
 of the still-masked cells (or, with `guidance="logits"`, on each codebook's logits, every branch's channel
 head fed the same sampled codes), the C codebooks of every masked cell sampled in order through the channel
-head, the new codes written into every branch, confidence = mean of the C probabilities, and the keep_k
-cells with the lowest log(confidence) + temperature * Gumbel masked again (cosine schedule; 0 at the last
-step).
+head, the new codes written into every branch, confidence = mean of the C probabilities (in the model's dtype),
+and the cells scoring below the keep_k-th lowest log(confidence) + temperature * Gumbel masked again (cosine
+schedule, 0 at the last step; at most all but one of the cells sampled in a step, so every step commits at
+least one). Sampling stops early once no cell is left masked. At temperature 0 this is the official
+`generate_image_ar` rule for rule; above 0 the random streams differ from the official ones.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.guidance import guide_dual, guide_single
-from lumina.generation.sampling import cosine_keep, gumbel, sample_tokens
+from lumina.generation.sampling import cosine_keep, gumbel, remask_lowest, sample_tokens
 from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
-from lumina.generation.sync import max_over_ranks, model_device, prepare_for_sampling
+from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 from lumina.model.channel_head import SampleFn
 
 
@@ -103,9 +105,12 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
     def sample_fn(logits: torch.Tensor, codebook: int) -> tuple[torch.Tensor, torch.Tensor]:
         counts = [int(m.sum()) for m in masked]
         scaled = logits / tau if tau > 0 else logits
-        return sample_tokens(scaled, 1.0 if tau > 0 else 0.0, generators, counts, config.top_k, config.top_p)
+        return sample_tokens(scaled, 1.0 if tau > 0 else 0.0, generators, counts, config.top_k, config.top_p,
+                             confidence_dtype=logits.dtype)
 
     for step in range(config.steps):
+        if not any_rank(any(bool(m.any()) for m in masked), device):
+            break  # every cell committed (ranks agree, so their forwards stay in lockstep)
         hidden = model.backbone(batch)[0]
         if config.guidance == "logits" and len(branches) > 1:
             guided = [hidden[cell_rows[0][i][masked[i]]] for i in range(len(prompts))]  # traced: h_c
@@ -113,17 +118,16 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
         else:
             guided = [_guide(hidden, cell_rows, i, masked[i], config, unguided[i]) for i in range(len(prompts))]
             new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
-        confidence = probs.double().mean(dim=1)
+        confidence = probs.mean(dim=1)  # in the model's dtype, like the official sampler
         start = 0
         for i, n in enumerate(num_cells):
             where = masked[i].nonzero().squeeze(1)
             k = where.numel()
             codes[i][where] = new_codes[start:start + k]
-            score = torch.log(confidence[start:start + k])
+            score = torch.log(confidence[start:start + k].clamp_min(1e-20))
             if tau > 0:
-                score = score + tau * gumbel((k,), generators[i], device)
-            keep = min(cosine_keep(n, step, config.steps), k)
-            remask = where[torch.topk(score, keep, largest=False).indices] if keep else where[:0]
+                score = score + tau * gumbel((k,), generators[i], device).to(score.dtype)
+            remask = where[remask_lowest(score, cosine_keep(n, step, config.steps))]
             codes[i][remask] = tokens.image_mask
             masked[i] = torch.zeros_like(masked[i])
             masked[i][remask] = True

@@ -4,37 +4,48 @@ task=t2i | edit   -> <out>/images.png (a grid) + image_<i>.png when a visual tok
                      built-in world's, or the checkpoint's visual_tokenizer/ from its training data), else
                      code_<i>.pt token files {"indices": [N, C], "coords": [N, 5]}; the answer is height x
                      width px (multiples of the patch) or grid cells (default: an edit's source size, else the
-                     tokenizer's image size square, as infer_t2i_sft.py's resolve_output_image_size);
-                     <out>/answers.jsonl lists every prompt and its file
+                     settings' grid, else the tokenizer's image size square, as infer_t2i_sft.py's
+                     resolve_output_image_size); <out>/answers.jsonl lists every prompt and its file
 Image inputs (understand, edit) are prepared as infer_mmu_sft.py's prepare_image_for_encode does:
 input_max_edge (0: keep the size) and input_no_upscale, then a centre crop to multiples of the patch.
 task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
 task=eval          -> <out>/eval.json + <out>/samples.png: with eval.data=DIR your own held-out split
                      (`lumina.generation.own_eval`: exact match, BLEU, a t2i grid, per-task loss), else the
                      built-in world evaluation
+Sampling settings, system prompts and dtype not given follow the checkpoint (`lumina.generation.settings`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lumina.data.fs import is_file
 from lumina.data.pixels import Preparation, read_image, to_signed
+from lumina.data.prompts import system_prompt_task
 from lumina.data.schema import Media, Part, Text
 from lumina.data.token_files import read_token_file, token_file_dict
 from lumina.data.tokenizers.atoken import PATCH as ATOKEN_PATCH
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.generation.assets import GenerationAssets, load_assets, load_model
+from lumina.data.tokenizers.text import PLACEHOLDER_STRINGS
+from lumina.generation.assets import GenerationAssets, load_assets, load_model, read_config
 from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
 from lumina.generation.own_eval import OwnEvalConfig, evaluate_own
 from lumina.generation.sequences import Prompt
+from lumina.generation.settings import (
+    checkpoint_kind,
+    default_grid,
+    image_config,
+    parameter_dtype,
+    resolve_settings,
+    system_prompt,
+    text_config,
+)
 from lumina.generation.text import generate_text
 from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
 
@@ -50,53 +61,63 @@ def run(cfg: DictConfig) -> Path:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _device(cfg.device)
-    model = load_model(cfg.checkpoint, device=device, dtype=cfg.dtype)
-    assets = load_assets(cfg.checkpoint, cfg.tokenizer, model.config, str(cfg.get("image_tokenizer", "auto")),
+    config = read_config(cfg.checkpoint)
+    assets = load_assets(cfg.checkpoint, cfg.tokenizer, config, str(cfg.get("image_tokenizer", "auto")),
                          cfg.device)  # as given: AToken refuses to leave CUDA unless a device is named
-    text_cfg = TextSamplingConfig(**_plain(cfg.text))
-    image_cfg = ImageSamplingConfig(**_plain(cfg.image))
+    settings = resolve_settings(cfg, checkpoint_kind(config, assets.tokens, assets.text_tokenizer))
+    model = load_model(cfg.checkpoint, device=device, dtype=parameter_dtype(cfg, settings, device))
     if task == "eval":
-        return _run_eval(model, assets, cfg, text_cfg, image_cfg, out)
+        return _run_eval(model, assets, cfg, settings, out)
     requests = read_prompts(cfg)
-    needs_image = task in ("edit",)
-    prompts = [_prompt(i, r, assets, cfg, needs_image, task in ("t2i", "edit")) for i, r in enumerate(requests)]
-    lines = []
-    if task in ("understand", "text"):
-        for r, answer in zip(requests, generate_text(model, prompts, assets.tokens, text_cfg), strict=True):
-            lines.append({**r, "answer": _decode(assets, answer.ids), "finished": answer.finished,
-                          "ids": answer.ids})
-    else:
-        answers = generate_images(model, prompts, assets.tokens, image_cfg)
-        pictures = []
-        for i, (r, answer) in enumerate(zip(requests, answers, strict=True)):
+    image_answer = task in ("t2i", "edit")
+    prompts = [_prompt(i, r, assets, cfg, settings, task) for i, r in enumerate(requests)]
+    lines: list[dict[str, Any] | None] = [None] * len(requests)
+    pictures: dict[int, torch.Tensor] = {}
+    for key, indices in _by_task(prompts, image_answer).items():
+        group = [prompts[i] for i in indices]
+        if not image_answer:
+            for i, answer in zip(indices, generate_text(model, group, assets.tokens,
+                                                        text_config(cfg, settings, key)), strict=True):
+                lines[i] = {**requests[i], "answer": _decode(assets, answer.ids), "finished": answer.finished,
+                            "ids": answer.ids}
+            continue
+        for i, answer in zip(indices, generate_images(model, group, assets.tokens,
+                                                      image_config(cfg, settings, key)), strict=True):
             if assets.image_tokenizer is not None:
-                picture = assets.image_tokenizer.decode(answer.codes, answer.grid)[0]
-                pictures.append(picture)
+                pictures[i] = assets.image_tokenizer.decode(answer.codes, answer.grid)[0]
                 path = out / f"image_{i}.png"
-                save_png((picture + 1) / 2, path)
+                save_png((pictures[i] + 1) / 2, path)
             else:
                 path = out / f"code_{i}.pt"
                 torch.save(token_file_dict(answer.codes, answer.grid), path)
-            lines.append({**r, "file": path.name, "grid": list(answer.grid)})
-        if pictures and len({p.shape for p in pictures}) == 1:
-            save_png(_row((torch.stack(pictures) + 1) / 2), out / "images.png")
+            lines[i] = {**requests[i], "file": path.name, "grid": list(answer.grid)}
+    if pictures and len({p.shape for p in pictures.values()}) == 1:
+        save_png(_row((torch.stack([pictures[i] for i in sorted(pictures)]) + 1) / 2), out / "images.png")
     answers_path = out / "answers.jsonl"
     answers_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"lumina-generate: {task} on {len(lines)} prompt(s) -> {out}", flush=True)
     return out
 
 
-def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, text_cfg: TextSamplingConfig,
-              image_cfg: ImageSamplingConfig, out: Path) -> Path:
+def _by_task(prompts: list[Prompt], image_answer: bool) -> dict[str, list[int]]:
+    """Prompt indices grouped by their settings task (t2i / edit, text / understanding of each media kind)."""
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(system_prompt_task(image_answer, [m.kind for m in p.media]), []).append(i)
+    return groups
+
+
+def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, settings: DictConfig, out: Path) -> Path:
     node = cfg.eval
     if node.get("data"):
-        return _run_own_eval(model, assets, node, text_cfg, image_cfg, out)
+        return _run_own_eval(model, assets, node, text_config(cfg, settings, "understand"),
+                             image_config(cfg, settings, "t2i"), out)
     if assets.name != "world" or not isinstance(assets.image_tokenizer, RVQVisualTokenizer):
         raise ValueError(f"task=eval without eval.data runs on the built-in world and its image tokenizer; the "
                          f"checkpoint uses tokenizer {assets.name!r} (set eval.data=DIR to evaluate on your data)")
-    edit_cfg = ImageSamplingConfig(**{**asdict(image_cfg), "cfg_scale": float(node.edit_cfg_scale)})
     config = WorldEvalConfig(split=node.split, num_items=int(node.num_items), seed=int(node.seed),
-                             text=text_cfg, image=image_cfg, edit_image=edit_cfg)
+                             text=text_config(cfg, settings, "understand"), image=image_config(cfg, settings, "t2i"),
+                             edit_image=image_config(cfg, settings, "edit"))
     result = evaluate_world(model, build_eval_set(config, assets.image_tokenizer.rvq), config)
     (out / "eval.json").write_text(json.dumps({"metrics": result.metrics, "answers": result.answers},
                                               indent=1) + "\n")
@@ -155,28 +176,40 @@ def read_prompts(cfg: DictConfig) -> list[dict[str, Any]]:
     return requests
 
 
-def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: DictConfig, needs_image: bool,
-            image_answer: bool) -> Prompt:
-    parts: list[Part] = []
-    grid = None
+def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: DictConfig, settings: DictConfig,
+            task: str) -> Prompt:
+    """One request as the official scripts build it: the task's system prompt, and the user text with a
+    placeholder line per media it does not place itself ("<IMG_CONTEXT>\\n{prompt}"), tokenised whole; the
+    layout expands the placeholders (`lumina.data.layout_pieces.user_content`)."""
+    media: list[Media] = []
     if request.get("image") is not None:
-        media = load_image(request["image"], assets, cfg.get("input_max_edge", 0),
-                           cfg.get("input_no_upscale", False))
-        parts.append(media)
-        grid = tuple(media.grid)
-    elif needs_image:
+        media.append(load_image(request["image"], assets, cfg.get("input_max_edge", 0),
+                                cfg.get("input_no_upscale", False)))
+    elif task == "edit":
         raise ValueError(f"prompt {index} ({request['prompt']!r}): task=edit needs an image (images=[...] or "
                          "an 'image' key in prompts_file)")
-    parts.append(Text(assets.text_tokenizer.encode(request["prompt"])))
+    image_answer = task in ("t2i", "edit")
+    key = system_prompt_task(image_answer, [m.kind for m in media])
+    text, tokens = request["prompt"], assets.tokens
+    if media and all(tokens.placeholder(m.kind) >= 0 for m in media):
+        marks = [PLACEHOLDER_STRINGS[m.kind] for m in media]
+        if not any(mark in text for mark in marks):
+            text = "\n".join(marks + ([text] if text else []))
+        parts: list[Part] = [Text(assets.text_tokenizer.encode(text)), *media]
+    else:
+        parts = [*media, Text(assets.text_tokenizer.encode(text))]
+    grid = None
     if image_answer:
-        grid = answer_grid(cfg, assets, grid)
-    system = assets.text_tokenizer.encode(cfg.system) if cfg.get("system") else None
-    return Prompt(parts, system=system, key=index, grid=grid if image_answer else None)
+        grid = answer_grid(cfg, assets, tuple(media[0].grid) if media else None, default_grid(settings, key))
+    system = assets.text_tokenizer.encode(system_prompt(cfg, settings, key))
+    return Prompt(parts, system=system, key=index, grid=grid)
 
 
-def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, int] | None) -> tuple[int, int]:
+def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, int] | None,
+                default: tuple[int, int] | None) -> tuple[int, int]:
     """The answer's (h, w) cells: cfg.height x cfg.width px (both, multiples of the patch), else cfg.grid, else
-    the edit source's grid, else the visual tokenizer's image size square (DEFAULT_GRID without one)."""
+    the edit source's grid, else the settings' grid (`default`), else the visual tokenizer's image size square
+    (DEFAULT_GRID without one)."""
     tokenizer = assets.image_tokenizer
     patch = ATOKEN_PATCH if tokenizer is None else tokenizer.patch_size  # no tokenizer: the official model's
     height, width = cfg.get("height"), cfg.get("width")
@@ -190,6 +223,8 @@ def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, in
         return tuple(int(g) for g in cfg.grid)
     if source is not None:
         return source
+    if default is not None:
+        return default
     if tokenizer is None:
         return DEFAULT_GRID
     return tokenizer.image_size // patch, tokenizer.image_size // patch
@@ -232,7 +267,3 @@ def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-def _plain(node: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)

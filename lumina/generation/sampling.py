@@ -35,13 +35,14 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int | None = None, top_p: fl
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, generators: list[torch.Generator],
-                  counts: list[int], top_k: int | None = None,
-                  top_p: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [N, V] -> (tokens int64 [N], confidence fp64 [N]).
+                  counts: list[int], top_k: int | None = None, top_p: float | None = None,
+                  confidence_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] -> (tokens int64 [N], confidence [N] in `confidence_dtype`).
 
     token = argmax(logits + temperature * Gumbel) in fp64 (plain argmax at temperature 0), i.e. a draw from
     softmax(logits / temperature) after the top-k / top-p filters; confidence = softmax(filtered logits) at the
-    token, in fp64. Rows are split into consecutive groups of `counts[i]` rows, the noise of group i drawn from
+    token, computed in `confidence_dtype` (the official text sampler uses fp64, the image sampler the model's
+    dtype). Rows are split into consecutive groups of `counts[i]` rows, the noise of group i drawn from
     `generators[i]` (one generator per prompt: results do not depend on how prompts are batched)."""
     if sum(counts) != logits.shape[0] or len(counts) != len(generators):
         raise ValueError(f"counts {counts} must sum to the {logits.shape[0]} logit rows, one per generator")
@@ -52,7 +53,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, generators: list[tor
                                                                                                strict=True)])
         scores = filtered + temperature * noise
     tokens = scores.argmax(dim=-1)
-    confidence = torch.softmax(filtered, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    confidence = torch.softmax(filtered.to(confidence_dtype), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, confidence
 
 
@@ -65,10 +66,21 @@ def linear_schedule(num_masked: int, steps: int) -> list[int]:
 
 
 def cosine_keep(num_cells: int, step: int, steps: int) -> int:
-    """Cells still masked after step `step` of `steps` (0-based): max(1, floor(N0 cos(pi/2 (k+1)/T))), 0 at the
-    last step."""
+    """Cells to keep masked after step `step` of `steps` (0-based): max(1, floor(N0 cos(pi/2 (k+1)/T))), 0 at
+    the last step; evaluated in fp32 like the official schedule (an fp64 cos can floor differently)."""
     if steps <= 0:
         raise ValueError(f"steps={steps}: must be positive")
     if step >= steps - 1:
         return 0
-    return max(1, math.floor(num_cells * math.cos(math.pi / 2 * (step + 1) / steps)))
+    fraction = torch.cos(0.5 * math.pi * torch.tensor([(step + 1) / steps], dtype=torch.float32))
+    return max(1, int(torch.floor(torch.tensor([float(num_cells)]) * fraction).item()))
+
+
+def remask_lowest(score: torch.Tensor, keep: int) -> torch.Tensor:
+    """score [L] of the L cells sampled this step -> bool [L], True = masked again: the cells whose score is
+    below the `min(keep, L - 1)`-th smallest (0-based). At most L - 1 cells are re-masked, so every step commits
+    at least one cell; equal scores at the cut stay committed (the official `mask_by_random_topk` rule)."""
+    if score.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=score.device)
+    cut = torch.sort(score).values[min(max(keep, 0), score.numel() - 1)]
+    return score < cut

@@ -42,6 +42,18 @@ class Prompt:
     def media(self) -> list[Media]:
         return [p for p in self.parts if isinstance(p, Media)]
 
+    @classmethod
+    def of_sample(cls, sample: Sample, grid: tuple[int, int] | None = None) -> Prompt:
+        """The request of a one-exchange sample: its system ids and user parts (the answer is dropped)."""
+        turns = sample.turns
+        system = None
+        if turns and turns[0].role == "system":
+            system = [i for p in turns[0].parts for i in p.ids]
+            turns = turns[1:]
+        if not turns or turns[0].role != "user":
+            raise ValueError(f"sample {sample.id!r}: expected [system,] user, ... turns")
+        return cls(list(turns[0].parts), system=system, key=sample.id, grid=grid)
+
 
 def prompt_piece(prompt: Prompt, tokens: SpecialTokens, parts: list[Part] | None = None) -> TrainingSequence:
     """The prompt turn (turn 0, clean, block -1, positions 0..P-1)."""
@@ -51,8 +63,8 @@ def prompt_piece(prompt: Prompt, tokens: SpecialTokens, parts: list[Part] | None
 
 def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Tensor, block_index: int,
                   tokens: SpecialTokens, block_length: int) -> tuple[TrainingSequence, torch.Tensor]:
-    """prompt piece + BOA + `finished` answer ids (clean, offsets 0..) + `block` [block_length] ids (noisy,
-    offsets block_index * block_length ..). Returns (sequence, rows [block_length] of the current block)."""
+    """prompt piece + BOA + `finished` answer ids (clean, offsets 0..) + `block` [n <= block_length] ids (noisy,
+    offsets block_index * block_length ..; a shorter last block). Returns (sequence, rows [n] of the block)."""
     if len(finished) != block_index * block_length:
         raise ValueError(f"{len(finished)} finished answer tokens, expected block_index * block_length = "
                          f"{block_index * block_length}")
@@ -66,9 +78,10 @@ def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Te
     pieces.append(layout_text_answer(block, tokens, turn=1, boa_position=boa_position, block_length=block_length,
                                      clean=False, with_boa=False, first_offset=block_index * block_length,
                                      sample_id=sid))
+    if len(block) > block_length:
+        raise ValueError(f"block of {len(block)} slots, more than block_length={block_length}")
     sequence = concat_pieces(pieces, sid)
-    start = len(sequence) - block_length
-    return sequence, torch.arange(start, len(sequence))
+    return sequence, torch.arange(len(sequence) - len(block), len(sequence))
 
 
 def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool,

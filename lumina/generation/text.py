@@ -1,10 +1,12 @@
 """Block-diffusion text decoding (contract 6.2): understanding and text QA.
 
-Per prompt: the answer grows one block of `block_length` tokens at a time. A block starts as text-mask ids;
-each of its `steps` steps runs the backbone on the whole sequence, reads text logits at the block's masked
-rows, samples a candidate and its confidence per row, and commits the scheduled number of highest-confidence
-rows (linear schedule; with `threshold`, every row above it when enough are). A finished block becomes clean
-context for the next. A prompt stops after the first block that holds EOA; its answer is cut before EOA.
+Per prompt: the answer grows one block of `block_length` tokens at a time, the last block shortened so the
+answer holds exactly `gen_length` slots. A block starts as text-mask ids; each of its `steps` steps runs the
+backbone on the whole sequence, reads text logits at the block's masked rows, samples a candidate and its
+confidence (fp64) per row, and commits the scheduled number of highest-confidence rows (linear schedule; steps
+beyond the block's length commit nothing and are skipped, as they change nothing in the official sampler; with
+`threshold`, every row above it when enough are). A finished block becomes clean context for the next. A
+prompt stops after the first block that holds EOA; its answer is cut before EOA.
 Prompts are packed (one segment each) up to `batch_size` per forward.
 """
 
@@ -80,35 +82,37 @@ def _answer_of(state: _State, tokens: SpecialTokens) -> TextAnswer:
 def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens, config: TextSamplingConfig,
                   device: torch.device) -> None:
     """Decode every state's answer; keeps going (with dummy steps) while any rank has an unfinished prompt."""
-    length = config.block_length
     for block_index in range(config.num_blocks):
         active = [s for s in states if not s.done]
         if not any_rank(bool(active), device):  # the per-block agreement
             return
+        length = config.block_size(block_index)
         if active:
-            _decode_block(model, active, block_index, tokens, config, device)
+            _decode_block(model, active, block_index, length, tokens, config, device)
         else:
-            _dummy_block(model, tokens, config, device)
+            _dummy_block(model, length, tokens, config, device)
         for s in active:
-            if tokens.eoa in s.answer[block_index * length:]:
+            if tokens.eoa in s.answer[block_index * config.block_length:]:
                 s.done = True
 
 
-def _decode_block(model: nn.Module, states: list[_State], block_index: int, tokens: SpecialTokens,
+def _decode_block(model: nn.Module, states: list[_State], block_index: int, length: int, tokens: SpecialTokens,
                   config: TextSamplingConfig, device: torch.device) -> None:
-    length = config.block_length
+    """Decode block `block_index` ([length] slots, length <= block_length) of every state's answer."""
     mask = torch.full((length,), tokens.text_mask, dtype=torch.long)
     sequences, block_rows = [], []
     offset = 0
     for s in states:
-        seq, rows = text_sequence(s.piece, s.answer, mask, block_index, tokens, length)
+        seq, rows = text_sequence(s.piece, s.answer, mask, block_index, tokens, config.block_length)
         sequences.append(seq)
         block_rows.append(rows + offset)
         offset += len(seq)
     batch = _pack(sequences, tokens).to(device)
-    rows = torch.stack(block_rows).to(device)  # [P, block_length] flat rows of each current block
+    rows = torch.stack(block_rows).to(device)  # [P, length] flat rows of each current block
     schedule = linear_schedule(length, config.steps)
     for step in range(config.steps):
+        if schedule[step] == 0 and config.threshold is None:
+            continue  # commits nothing (steps > length); the same on every rank
         ids = batch.input_ids[0, :, 0][rows]  # [P, L]
         masked = ids == tokens.text_mask
         if config.threshold is not None and not any_rank(bool(masked.any()), device):
@@ -168,9 +172,11 @@ def _dummy_step(model: nn.Module, tokens: SpecialTokens, device: torch.device) -
     model.text_head(model.backbone(batch)[0, rows.to(device)])
 
 
-def _dummy_block(model: nn.Module, tokens: SpecialTokens, config: TextSamplingConfig,
+def _dummy_block(model: nn.Module, length: int, tokens: SpecialTokens, config: TextSamplingConfig,
                  device: torch.device) -> None:
-    for _ in range(config.steps):
+    for count in linear_schedule(length, config.steps):
+        if count == 0 and config.threshold is None:
+            continue
         if config.threshold is not None and not any_rank(False, device):
             break
         _dummy_step(model, tokens, device)

@@ -85,8 +85,7 @@ def build_eval_set(config: WorldEvalConfig, image_tokenizer: RVQImageTokenizer |
         tokens, text_tokenizer = world.tokens, world.text_tokenizer
         items[task] = world.items
         side = IMAGE_SIZE // image_tokenizer.patch_size
-        prompts[task] = [Prompt(list(world.dataset[i].turns[0].parts), key=item.id,
-                                grid=(side, side) if item.target is not None else None)
+        prompts[task] = [Prompt.of_sample(world.dataset[i], (side, side) if item.target is not None else None)
                          for i, item in enumerate(world.items)]
     return WorldEvalSet(items, prompts, text_tokenizer, image_tokenizer, tokens)
 

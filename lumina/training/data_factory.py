@@ -55,6 +55,10 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
         trains[spec.name] = train
         if val is not None:
             vals[spec.name] = val
+    if assets is None and all(spec.path is None for spec in config.sources):
+        from lumina.data.world.dataset import world_assets
+
+        assets = world_assets()  # the HF export carries the world's tokenizer.json (its vocabulary version)
     if len(trains) == 1:
         (train,) = trains.values()
         train_source = LayoutSource(train, noise, config.seed)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from sample_helpers import NEWLINE
 
 from lumina.attention import allowed_mask
 from lumina.data.sequence import TrainingSequence
@@ -14,7 +15,7 @@ from lumina.data.special_tokens import SpecialTokens
 
 @pytest.fixture
 def tokens() -> SpecialTokens:
-    return SpecialTokens.official()
+    return SpecialTokens.official(newline=NEWLINE)
 
 
 def _visible(seq: TrainingSequence) -> torch.Tensor:

@@ -8,6 +8,8 @@ import torch
 
 from lumina.data.schema import Media, Sample, Text, Turn
 
+NEWLINE = 201  # the data tests' stand-in for the official tokenizer's "\n" id (not part of the contract)
+
 
 def assert_samples_equal(a: Sample, b: Sample) -> None:
     assert (a.id, a.source) == (b.id, b.source)

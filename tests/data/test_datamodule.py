@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
+from sample_helpers import NEWLINE
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.layout import layout_eval, layout_sample
@@ -137,7 +138,7 @@ def real_samples(tokens: SpecialTokens) -> list[Sample]:
 
 
 def test_layout_source_lengths_match_layout() -> None:
-    tokens = SpecialTokens.official()
+    tokens = SpecialTokens.official(newline=NEWLINE)
     dataset = InMemorySampleDataset(real_samples(tokens), tokens)
     noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
     src = LayoutSource(dataset, noise, seed=3)
@@ -157,7 +158,7 @@ def test_layout_source_lengths_match_layout() -> None:
 
 
 def test_layout_source_eval_fixed_noise() -> None:
-    tokens = SpecialTokens.official()
+    tokens = SpecialTokens.official(newline=NEWLINE)
     dataset = InMemorySampleDataset(real_samples(tokens), tokens)
     noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
     src = LayoutSource(dataset, noise, seed=3, eval_t=0.5)
@@ -171,7 +172,7 @@ def test_layout_source_eval_fixed_noise() -> None:
 
 
 def test_mixture_source_lengths_match_layout() -> None:
-    tokens = SpecialTokens.official()
+    tokens = SpecialTokens.official(newline=NEWLINE)
     samples = real_samples(tokens)
     a, b = InMemorySampleDataset(samples[:3], tokens), InMemorySampleDataset(samples[3:], tokens)
     noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)

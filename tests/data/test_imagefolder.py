@@ -40,8 +40,13 @@ def test_imagefolder_builds_train_and_val_of_both_tasks(folder, capsys):
     out = capsys.readouterr().out
     assert "wrote 18 rows to 1 shards" in out and "wrote 6 rows to 1 shards" in out  # 9 + 3 images, 2 tasks
     words = WordTokenizer.load(root / "out" / "tokenizer.json")
-    assert sorted(words.vocab[19:]) == sorted({w for line in lines for w in line["text"].split()}
-                                              | {"describe", "the", "image", "."})
+    system = {"t2i": "Generate an image according to the text prompt.",
+              "caption": "You are a multimodal assistant. Answer directly using the provided image(s), text, and "
+                         "conversation context; if there is no question, describe the image(s) clearly and "
+                         "accurately."}  # infer_t2i_sft.py / infer_mmu_sft.py DEFAULT_SYSTEM_PROMPTS
+    assert sorted(words.vocab[20:]) == sorted({w for line in lines for w in line["text"].split()}
+                                              | {"describe", "the", "image", "."}
+                                              | {w for text in system.values() for w in text.split()})
     tokenizer = load_visual_tokenizer(root / "out" / "visual_tokenizer")
     held = {line["file_name"] for line in lines} - {sid.split("#")[0] for sid in
                                                     ParquetSampleDataset(root / "out" / "train").sample_ids()}
@@ -53,7 +58,8 @@ def test_imagefolder_builds_train_and_val_of_both_tasks(folder, capsys):
         name, task = sample.id.split("#")
         pixels = read_images([root / "pics" / name], Preparation(16, 4))[0][None]
         codes = tokenizer.encode(pixels)[0][0]
-        user, answer = sample.turns[0].parts, sample.turns[1].parts
+        assert words.decode(sample.turns[0].parts[0].ids) == system[task]
+        user, answer = sample.turns[1].parts, sample.turns[2].parts
         if task == "t2i":
             assert [type(p) for p in user + answer] == [Text, Media]
             assert words.decode(user[0].ids) == captions[name] and torch.equal(answer[0].codes, codes)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from sample_helpers import NEWLINE
 
 from lumina.data.layout import laid_out_length, layout_eval, layout_sample, sample_length
 from lumina.data.noise import NoiseConfig
@@ -140,26 +141,27 @@ def test_understanding_rows_and_visibility(tokens, keys_of, random_codes):
     codes = random_codes(4, seed=1)
     cfg = NoiseConfig(uncond_text_prob=1.0, uncond_image_prob=1.0)  # CFG dropout never touches text answers
     seq = layout_sample(understanding(codes), tokens, cfg, seed=0, epoch=0)
-    # <user> BOI c c 5001 c c 5001 EOI 5 </user> | BOA 10 EOA | mem 10 EOA
-    assert len(seq) == 16 == laid_out_length(understanding(codes), tokens, drop_text=True, drop_image=True)
-    assert seq.input_ids[[0, 1, 8, 9, 10, 11], 0].tolist() == [157155, 157167, 157168, 5, 157157, 157165]
+    # <user> BOI c c 5001 c c 5001 EOI \n 5 </user> | BOA 10 EOA | mem 10 EOA  (the official "<IMG_CONTEXT>\n5")
+    assert len(seq) == 17 == laid_out_length(understanding(codes), tokens, drop_text=True, drop_image=True)
+    assert seq.input_ids[[0, 1, 8, 9, 10, 11, 12], 0].tolist() == [157155, 157167, 157168, NEWLINE, 5, 157157,
+                                                                   157165]
     assert torch.equal(seq.input_ids[[2, 3, 5, 6]], codes)
     assert torch.all(seq.input_ids[[4, 7]] == 5001)
-    assert seq.type_ids.tolist() == [1, 1] + [2] * 6 + [1, 1, 1, 1] + [3] * 4
-    assert seq.turn_ids.tolist() == [0] * 11 + [1] * 5
-    assert seq.is_clean.tolist() == [True] * 11 + [False] * 3 + [True] * 2
-    assert seq.position_ids.tolist() == rows(0, 14) + [12, 13]
-    assert seq.block_ids.tolist() == [-1] * 11 + [0] * 5
+    assert seq.type_ids.tolist() == [1, 1] + [2] * 6 + [1] * 5 + [3] * 4
+    assert seq.turn_ids.tolist() == [0] * 12 + [1] * 5
+    assert seq.is_clean.tolist() == [True] * 12 + [False] * 3 + [True] * 2
+    assert seq.position_ids.tolist() == rows(0, 15) + [13, 14]
+    assert seq.block_ids.tolist() == [-1] * 12 + [0] * 5
     answer = torch.tensor([10, 157166])
-    masked = seq.input_ids[12:14, 0] == 156895
+    masked = seq.input_ids[13:15, 0] == 156895
     assert masked.any()  # one block -> at least one masked row
-    assert torch.equal(seq.labels[12:14, 0][masked], answer[masked])
-    assert torch.all(seq.labels[12:14, 0][~masked] == IGN)
-    assert torch.all(seq.labels[:12] == IGN) and torch.all(seq.labels[14:] == IGN)
-    t = seq.noise_t[12].item()
-    assert seq.noise_t.tolist() == [0.0] * 12 + [t, t, 0.0, 0.0] and 1e-3 <= t <= 1.0
-    assert keys_of(seq, 12) == rows(0, 14)  # answer sees the whole clean prompt incl. media, BOA, its block
-    assert keys_of(seq, 3) == rows(0, 11)
+    assert torch.equal(seq.labels[13:15, 0][masked], answer[masked])
+    assert torch.all(seq.labels[13:15, 0][~masked] == IGN)
+    assert torch.all(seq.labels[:13] == IGN) and torch.all(seq.labels[15:] == IGN)
+    t = seq.noise_t[13].item()
+    assert seq.noise_t.tolist() == [0.0] * 13 + [t, t, 0.0, 0.0] and 1e-3 <= t <= 1.0
+    assert keys_of(seq, 13) == rows(0, 15)  # answer sees the whole clean prompt incl. media, BOA, its block
+    assert keys_of(seq, 3) == rows(0, 12)
 
 
 def edit(src, out) -> Sample:
@@ -168,8 +170,8 @@ def edit(src, out) -> Sample:
 
 
 @pytest.mark.parametrize("p_text, p_image, prompt", [
-    (0.0, 0.0, [157155, 157167, "c0", "c1", 5001, 157168, 5, 6, 157157]),
-    (1.0, 0.0, [157155, 157167, "c0", "c1", 5001, 157168, 157156, 157157]),
+    (0.0, 0.0, [157155, 157167, "c0", "c1", 5001, 157168, NEWLINE, 5, 6, 157157]),
+    (1.0, 0.0, [157155, 157167, "c0", "c1", 5001, 157168, NEWLINE, 157156, 157157]),  # "<IMG_CONTEXT>\n<uncondition>"
     (0.0, 1.0, [157155, 5, 6, 157157]),
     (1.0, 1.0, [157155, 157156, 157157]),
 ])

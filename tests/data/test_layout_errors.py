@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lumina.data.layout import laid_out_length, layout_sample
+from lumina.data.layout import check_sample, laid_out_length, layout_sample
 from lumina.data.noise import NoiseConfig
 from lumina.data.schema import Media, Sample, Text, Turn
 
@@ -93,3 +93,19 @@ def test_check_sample_makes_the_layout_checks_without_building(tokens):
     turns, pattern = VALUE_CASES["EOA in answer text"]
     with pytest.raises(ValueError, match=r"sample 'bad-4': " + pattern):
         check_sample(Sample("bad-4", turns), tokens)
+
+
+def test_placeholders_must_match_the_media(tokens):
+    """A placeholder in user text binds the turn's next media part of its kind; a placeholder without media, or
+    media left over once the text holds placeholders, is an error naming the sample and turn."""
+    img = Media("image", torch.zeros(1, 8, dtype=torch.long), (1, 1))
+    two = Sample("p", [Turn("user", [Text([tokens.img_context, 7, tokens.img_context]), img]),
+                       Turn("assistant", [Text([5])])])
+    with pytest.raises(ValueError, match=r"sample 'p': turns\[0\]: a image placeholder .* no image media part left"):
+        check_sample(two, tokens)
+    extra = Sample("q", [Turn("user", [Text([7, tokens.img_context]), img, img]), Turn("assistant", [Text([5])])])
+    with pytest.raises(ValueError, match=r"sample 'q': turns\[0\]: the text holds placeholders but \{'image': 1\}"):
+        check_sample(extra, tokens)
+    no_newline = Sample("r", [Turn("user", [img, Text([7])]), Turn("assistant", [Text([5])])])
+    with pytest.raises(ValueError, match=r"sample 'r'.*SpecialTokens.newline is unset"):
+        check_sample(no_newline, tokens.replace(newline=-1))

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 from pixel_helpers import picture, write_truncated_png
+from sample_helpers import NEWLINE
 
 from lumina.cli.data import main as cli_main
 from lumina.data.assets import save_assets
@@ -40,7 +41,7 @@ def tokenizer() -> RVQVisualTokenizer:
 def tokens():
     from lumina.data.special_tokens import SpecialTokens
 
-    return SpecialTokens.official().replace(codebook_size=16, num_codebooks=3)
+    return SpecialTokens.official(newline=NEWLINE).replace(codebook_size=16, num_codebooks=3)
 
 
 def write_frames(directory: Path, count: int, seed: int) -> list[np.ndarray]:
@@ -200,7 +201,7 @@ def test_cli_build_with_image_tokenizer(tmp_path, manifests, tokenizer, capsys):
     files, _ = manifests
     tokenizer.save(tmp_path / "tok")
     code = cli_main(["build", str(files), "--out", str(tmp_path / "out"), "--image-tokenizer", str(tmp_path / "tok"),
-                     "--workers", "2", "--batch-size", "4", "--no-progress"])
+                     "--workers", "2", "--batch-size", "4", "--no-progress", "--newline-id", str(NEWLINE)])
     assert code == 0 and "wrote 7 rows to 1 shards" in capsys.readouterr().out
     ds = ParquetSampleDataset(tmp_path / "out")
     assert (ds.tokens.codebook_size, ds.tokens.num_codebooks) == (16, 3)  # the tokenizer's, not 4096 x 8

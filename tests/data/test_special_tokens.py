@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from lumina.data.special_tokens import SpecialTokens
@@ -40,3 +42,21 @@ def test_image_marker_must_not_collide_with_codes():
     with pytest.raises(ValueError, match=r"image_mask=5000"):
         SpecialTokens(codebook_size=5005, image_row_end=5006, mesh3d_row_end=5007, mesh3d_layer_end=5008,
                       video_row_end=5009, video_group_end=5005)
+
+
+def test_template_tokens():
+    """The official placeholders (utils/tokenizer_contract.py); "\\n" is the tokenizer's, unset by default."""
+    tok = SpecialTokens.official()
+    assert (tok.img_context, tok.video_context, tok.mesh3d_context, tok.newline) == (157160, 157161, 157158, -1)
+    assert SpecialTokens.official(newline=198).newline == 198
+    with pytest.raises(ValueError, match=r"newline=157160: same id as img_context"):
+        SpecialTokens.official(newline=157160)
+
+
+def test_a_record_without_the_template_is_refused():
+    fields = dataclasses.asdict(SpecialTokens.official(newline=198))
+    assert SpecialTokens.from_record(fields, "x.parquet") == SpecialTokens.official(newline=198)
+    old = {k: v for k, v in fields.items() if k not in ("img_context", "video_context", "mesh3d_context", "newline")}
+    with pytest.raises(ValueError, match=r"x.parquet: special tokens recorded without \['img_context'.*predates the "
+                                         r"prompt template"):
+        SpecialTokens.from_record(old, "x.parquet")

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from sample_helpers import assert_samples_equal, codes, mixed_samples
+from sample_helpers import NEWLINE, assert_samples_equal, codes, mixed_samples
 
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
@@ -75,7 +75,7 @@ def test_settings_mismatch_is_refused(tmp_path, tokens):
     with pytest.raises(ValueError, match=r"eoa: found 157166, expected 7"):
         ParquetSampleDataset(tmp_path, tokens.replace(eoa=7))
     other = tmp_path / "other"
-    small = SpecialTokens.official().replace(codebook_size=64, num_codebooks=4)
+    small = SpecialTokens.official(newline=NEWLINE).replace(codebook_size=64, num_codebooks=4)
     write_samples(mixed_samples(c=4, high=64), other, small, fake_length)
     with pytest.raises(ValueError, match="num_codebooks: found 4, expected 8"):
         ParquetSampleDataset([tmp_path / "shard-00000.parquet", other / "shard-00000.parquet"])

@@ -51,6 +51,17 @@ def test_word_tokenizer_round_trips_every_world_text(tmp_path):
         assert hf.encode(text, add_special_tokens=False).ids == ids
         assert hf.decode(ids) == text
     assert WordTokenizer.load(tmp_path / "tokenizer.json").vocab == tok.vocab
+    assert hf.encode("<IMG_CONTEXT>\nred", add_special_tokens=False).ids == tok.encode("<IMG_CONTEXT>\nred")
+
+
+def test_a_vocabulary_from_before_the_template_is_refused(tmp_path):
+    """A word vocabulary written before "\n" joined the specials (ids shifted by one) names the change."""
+    old = dict((w, i) for i, w in enumerate([*SPECIAL_TOKEN_STRINGS[:-1], "red"]))
+    hf = Tokenizer(WordLevel(vocab=old, unk_token="<|unk|>"))
+    hf.pre_tokenizer = WhitespaceSplit()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match="made before lumina's word vocabularies gained the prompt template"):
+        WordTokenizer.load(tmp_path / "tokenizer.json")
 
 
 def test_word_tokenizer_ids_and_specials():
@@ -62,10 +73,14 @@ def test_word_tokenizer_ids_and_specials():
     assert tok.decode([tok.special_ids["<answer>"], n], skip_special_tokens=True) == "red"
     tokens = special_tokens_of(tok, codebook_size=64, num_codebooks=4)
     assert (tokens.pad, tokens.boa, tokens.eoa, tokens.text_vocab_size) == (0, 11, 12, n + 2)
+    # the template's tokens: the placeholders and "\n" (id 19, a token of its own)
+    assert (tokens.mesh3d_context, tokens.img_context, tokens.video_context, tokens.newline) == (8, 9, 10, 19)
+    assert tok.encode("<IMG_CONTEXT>\nred circle") == [9, 19, n, n + 1]
+    assert tok.decode([9, 19, n]) == "<IMG_CONTEXT>\nred"
     with pytest.raises(ValueError, match="word 1 'blue' is not in the vocabulary"):
         tok.encode("red blue")
-    with pytest.raises(ValueError, match=r"ids\[1\]=21: outside the vocabulary \[0, 21\)"):
-        tok.decode([0, 21])
+    with pytest.raises(ValueError, match=r"ids\[1\]=22: outside the vocabulary \[0, 22\)"):
+        tok.decode([0, 22])
     with pytest.raises(ValueError, match="duplicates"):
         WordTokenizer(["red", "red"])
     with pytest.raises(ValueError, match="whitespace"):

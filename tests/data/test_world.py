@@ -104,8 +104,12 @@ def test_built_samples_have_the_task_structure(image_tokenizer):
     words = world.text_tokenizer
     assert len(world.dataset) == 60 and world.tokens.num_codebooks == 4 and world.tokens.codebook_size == 64
     for item, sample in zip(world.items, world.dataset.samples, strict=True):
-        user, answer = sample.turns
-        assert (user.role, answer.role, sample.id, sample.source) == ("user", "assistant", item.id, "world")
+        system, user, answer = sample.turns
+        assert (system.role, user.role, answer.role) == ("system", "user", "assistant")
+        assert (sample.id, sample.source) == (item.id, "world")
+        expected_system = {"caption": "answer about the image .", "vqa": "answer about the image .",
+                           "text_qa": "answer the question .", "t2i": "draw the image .", "edit": "edit the image ."}
+        assert words.decode(system.parts[0].ids) == expected_system[item.task]
         assert isinstance(user.parts[-1], Text) and words.decode(user.parts[-1].ids) == item.prompt
         assert (item.source is not None) == isinstance(user.parts[0], Media)
         if item.target is not None:

@@ -90,10 +90,10 @@ def test_generate_eval_matches_the_training_callback(trained, tmp_path):
     """`task=eval` on the export, with the callback's knobs, reproduces the callback's in-training evaluation
     (same items, answers and metrics): the CLI and the callback run the same evaluation."""
     out = tmp_path / "eval"
-    done = _run([GENERATE, "task=eval", f"checkpoint={trained}/hf", "eval.num_items=1", "eval.split=val",
-                 "eval.seed=0", "eval.edit_cfg_scale=1.0", "text.gen_length=4", "text.block_length=4",
-                 "text.steps=2", "text.temperature=0.0", "image.steps=2", "image.cfg_scale=2.0",
-                 "image.temperature=1.0", f"hydra.run.dir={out}"], cwd=tmp_path)
+    done = _run([GENERATE, "task=eval", "generate=world", f"checkpoint={trained}/hf", "eval.num_items=1",
+                 "eval.split=val", "eval.seed=0", "by_task.edit.image.cfg_scale=1.0", "text.gen_length=4",
+                 "text.block_length=4", "text.steps=2", "text.temperature=0.0", "image.steps=2",
+                 "by_task.t2i.image.cfg_scale=2.0", "image.temperature=1.0", f"hydra.run.dir={out}"], cwd=tmp_path)
     report = json.loads((out / "eval.json").read_text())
     callback = json.loads((trained / "eval" / "step000002.json").read_text())
     for name in ("caption_acc", "vqa_acc", "text_qa_acc", "understand_acc", "t2i_score", "edit_score",
@@ -150,3 +150,28 @@ def test_generate_edit_and_text_without_an_image_decoder(trained, tmp_path):
     (line,) = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
     assert line["prompt"] == "what is one plus two ?" and line["image"] is None
     assert isinstance(line["answer"], str) and len(line["ids"]) <= 4
+
+
+def test_world_checkpoints_carry_their_vocabulary_and_older_ones_are_refused(trained, tmp_path):
+    """The export carries the world's tokenizer.json (read back as the world); a checkpoint without one (world
+    exports made before the prompt template) or with a pre-template word vocabulary is refused, naming why."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from lumina.data.tokenizers.text import SPECIAL_TOKEN_STRINGS, WordTokenizer
+    from lumina.data.world.dataset import world_text_tokenizer
+    from lumina.generation.run import run
+
+    assert WordTokenizer.load(trained / "hf" / "tokenizer.json").vocab == world_text_tokenizer().vocab
+    old = tmp_path / "old"
+    shutil.copytree(trained / "hf", old)
+    (old / "tokenizer.json").unlink()
+    args = ["task=text", f"checkpoint={old}", 'prompts=["what is one plus two ?"]']
+    with pytest.raises(FileNotFoundError, match="has no tokenizer.json.*made before lumina's word vocabularies"):
+        run(_compose(args, tmp_path / "a"))
+    words = [*SPECIAL_TOKEN_STRINGS[:-1], *world_text_tokenizer().vocab[len(SPECIAL_TOKEN_STRINGS):]]
+    Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<|unk|>")).save(str(old / "tokenizer.json"))
+    with pytest.raises(ValueError, match="a word vocabulary made before lumina's word vocabularies gained"):
+        run(_compose(args, tmp_path / "b"))

@@ -104,17 +104,35 @@ def test_dual_guidance_first_step(tiny_model, tokens):
     torch.testing.assert_close(trace[0].guided[0], expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("grid,steps", [((3, 4), 5), ((2, 2), 3)])
-def test_committed_cells_follow_the_cosine_schedule(tiny_model, tokens, grid, steps):
+def _official_committed(n0: int, steps: int) -> list[int]:
+    """Cells committed after each step under the official rule (generate_image_ar + mask_by_random_topk, no
+    ties): keep_n = max(1, floor(n0 cos(pi/2 (k+1)/T))) in fp32 tensors (0 at the last step), of the L cells
+    still masked at most L - 1 are masked again, and the loop ends once none is masked."""
+    committed, masked = [], n0
+    for k in range(steps):
+        if masked == 0:
+            break
+        fraction = torch.cos(0.5 * math.pi * torch.tensor([(k + 1) / steps]))
+        keep = 0 if k == steps - 1 else max(1, int((torch.tensor([float(n0)]) * fraction).floor()))
+        masked = min(keep, masked - 1)
+        committed.append(n0 - masked)
+    return committed
+
+
+@pytest.mark.parametrize("grid,steps", [((3, 4), 5), ((2, 2), 3), ((4, 4), 12), ((4, 4), 16), ((2, 2), 8)])
+def test_committed_cells_follow_the_official_schedule(tiny_model, tokens, grid, steps):
     trace: list[StepTrace] = []
     prompts = [Prompt([Text([40, 41])], key=0, grid=grid), Prompt([Text([42])], key=1, grid=(1, 5))]
     answers = generate_images(tiny_model, prompts, tokens, ImageSamplingConfig(steps=steps, cfg_scale=1.0),
                               trace=trace)
-    assert len(trace) == steps
-    for p, (n0) in enumerate([grid[0] * grid[1], 5]):
-        for k in range(steps):
-            keep = 0 if k == steps - 1 else max(1, int(n0 * math.cos(math.pi / 2 * (k + 1) / steps)))
-            assert trace[k].committed[p] == n0 - keep, (p, k)
+    expected = [_official_committed(n0, steps) for n0 in (grid[0] * grid[1], 5)]
+    assert len(trace) == max(len(e) for e in expected)  # stops once both prompts are done
+    for p, committed in enumerate(expected):
+        got = [t.committed[p] for t in trace]
+        assert got[:len(committed)] == committed and set(got[len(committed):]) <= {committed[-1]}, p
+        assert all(b > a for a, b in zip(committed, committed[1:], strict=False))  # every step commits one
+    assert _official_committed(16, 12)[:3] == [1, 2, 3]  # the schedule alone would keep 15, 15, 14
+    assert _official_committed(4, 3) == [1, 3, 4]  # fp32 cos(pi/3) < 0.5: floor(4 * 0.4999...) = 1
     for answer in answers:
         assert (answer.codes < 64).all() and (answer.codes >= 0).all()  # nothing left masked
 
@@ -258,3 +276,14 @@ def test_identical_branches_guide_nothing(tiny_model, tokens):
     assert torch.equal(h[0], h[2])  # the two branches of prompt 0 really are the same
     assert torch.equal(trace[0].guided[0], h[0])
     torch.testing.assert_close(trace[0].guided[1], (1 + s) * h[1] - s * h[3], rtol=0, atol=0)
+
+
+def test_remask_lowest_is_the_official_cut():
+    """mask_by_random_topk: cut = the keep-th smallest score (keep clamped to L - 1), masked = score < cut."""
+    from lumina.generation.sampling import remask_lowest
+
+    score = torch.tensor([0.3, -1.0, 0.2, 0.9])
+    assert remask_lowest(score, 2).tolist() == [False, True, True, False]
+    assert remask_lowest(score, 9).tolist() == [True, True, True, False]  # at most L - 1
+    assert remask_lowest(torch.tensor([0.1, 0.1, 0.5]), 1).tolist() == [False, False, False]  # ties stay
+    assert remask_lowest(score, 0).tolist() == [False] * 4

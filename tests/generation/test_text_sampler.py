@@ -114,9 +114,34 @@ def test_top_k_top_p_filters():
     assert torch.isinf(filter_top_k_top_p(logits, top_p=0.85)).tolist() == [[False, False, False, True]]
 
 
+def test_partial_last_block_stops_at_gen_length(tiny_model, tokens):
+    """gen_length 12 in blocks of 8: a block of 8, then one of 4 (the official `cur_block_len`), 12 slots."""
+    _favour_token(tiny_model, 77)
+    seen = record_backbone_packs(tiny_model)
+    config = TextSamplingConfig(gen_length=12, block_length=8, steps=4)
+    (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21])], key=0)], tokens, config)
+    assert answer.ids == [77] * 12
+    last = seen[-1]
+    assert int((last.input_ids[0, :, 0] == tokens.text_mask).sum()) == 1  # the last of 4 masked slots
+    assert last.input_ids.shape[1] == seen[0].input_ids.shape[1] + 4  # P + BOA + 8 clean + 4 vs P + BOA + 8
+    assert last.block_ids[0, -4:].tolist() == [1] * 4 and len(seen) == 4 + 4
+
+
+def test_steps_beyond_the_block_commit_nothing_and_are_skipped(tiny_model, tokens):
+    """12 steps on a 4-slot block: one slot per step for 4 steps (1, 1, 1, 1, 0, ...), the zero steps run no
+    forward; the answer equals the 4-step one."""
+    prompt = [Prompt([Text([20, 21, 22])], key=0)]
+    seen = record_backbone_packs(tiny_model)
+    (many,) = generate_text(tiny_model, prompt, tokens, TextSamplingConfig(gen_length=4, block_length=4, steps=12))
+    assert len(seen) == 4
+    assert [int((b.input_ids[0, -4:, 0] == tokens.text_mask).sum()) for b in seen] == [4, 3, 2, 1]
+    (four,) = generate_text(tiny_model, prompt, tokens, TextSamplingConfig(gen_length=4, block_length=4, steps=4))
+    assert many.raw == four.raw
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="steps"):
-        TextSamplingConfig(block_length=4, steps=8)
+        TextSamplingConfig(block_length=4, steps=0)
     with pytest.raises(ValueError, match="threshold"):
         TextSamplingConfig(threshold=1.5)
 

@@ -43,7 +43,7 @@ def test_cli_bad_trainer_value_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize(("overrides", "match"), [
     (["model.config.num_codebooks=8"], r"model.config.num_codebooks=8: incompatible with the data's num_codebooks=4"),
     (["model.config.vocab_size=50", "model.config.pad_token_id=0"],
-     r"model.config.vocab_size=50: incompatible with the data's text_vocab_size=86"),
+     r"model.config.vocab_size=50: incompatible with the data's text_vocab_size=91"),
     (["model.config.hidden_size=66"], r"hidden_size|channel_heads"),
     (["+model.config.no_such_field=1"], r"model.config.no_such_field: not a LuminaConfig field"),
     (["data=parquet", "data.sources.0.path=/nonexistent/shards"],

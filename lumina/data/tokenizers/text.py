@@ -12,16 +12,19 @@ from tokenizers import AddedToken, Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.special_tokens import PLACEHOLDER_FIELDS, SpecialTokens
 
-# The official special tokens (contract section 7), plus pad/unk for the built-in vocabulary.
-# The built-in tokenizer gives them ids 0.. in this order (pad = 0, as in `LuminaConfig.tiny()`).
+# The official special tokens (contract section 7), plus pad/unk and the template's newline for the built-in
+# vocabulary. The built-in tokenizer gives them ids 0.. in this order (pad = 0, as in `LuminaConfig.tiny()`).
+NEWLINE = "\n"
 SPECIAL_TOKEN_STRINGS = (
     "<|pad|>", "<|unk|>", "<|mask|>", "<system>", "</system>", "<user>", "<uncondition>", "</user>",
     "<3D_CONTEXT>", "<IMG_CONTEXT>", "<VIDEO_CONTEXT>", "<answer>", "</answer>",
-    "<BOI>", "<EOI>", "<BO3d>", "<EO3d>", "<BOV>", "<EOV>",
+    "<BOI>", "<EOI>", "<BO3d>", "<EO3d>", "<BOV>", "<EOV>", NEWLINE,
 )
 PAD, UNK = "<|pad|>", "<|unk|>"
+# What a word-level vocabulary of an older lumina lacks (refused by `WordTokenizer.load`).
+VOCABULARY_CHANGE = "lumina's word vocabularies gained the prompt template's '\\n' token (id 19)"
 
 
 class TextTokenizer(Protocol):
@@ -35,11 +38,14 @@ class TextTokenizer(Protocol):
 
 class WordTokenizer:
     """Whitespace word-level tokenizer over a closed vocabulary: ids 0..len(SPECIAL_TOKEN_STRINGS)-1 are the
-    special tokens, then `words` in the given order. Unknown words raise (no silent <|unk|>)."""
+    special tokens, then `words` in the given order. "\n" is a token of its own (the template's newline), other
+    whitespace separates words. Unknown words raise (no silent <|unk|>)."""
 
     def __init__(self, words: Sequence[str]):
         vocab = list(SPECIAL_TOKEN_STRINGS) + list(words)
         for i, word in enumerate(vocab):
+            if word == NEWLINE and i < len(SPECIAL_TOKEN_STRINGS):
+                continue
             if not word or word != word.strip() or len(word.split()) != 1:
                 raise ValueError(f"words[{i - len(SPECIAL_TOKEN_STRINGS)}]={word!r}: a word must be non-empty "
                                  "and contain no whitespace")
@@ -65,10 +71,13 @@ class WordTokenizer:
 
     def encode(self, text: str) -> list[int]:
         ids = []
-        for position, word in enumerate(text.split()):
-            if word not in self._ids:
-                raise ValueError(f"text word {position} {word!r} is not in the vocabulary (text={text!r})")
-            ids.append(self._ids[word])
+        for n, line in enumerate(text.split(NEWLINE)):
+            if n:
+                ids.append(self._ids[NEWLINE])
+            for position, word in enumerate(line.split()):
+                if word not in self._ids:
+                    raise ValueError(f"text word {position} {word!r} is not in the vocabulary (text={text!r})")
+                ids.append(self._ids[word])
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
@@ -79,13 +88,16 @@ class WordTokenizer:
             if skip_special_tokens and int(i) < len(SPECIAL_TOKEN_STRINGS):
                 continue
             words.append(self.vocab[int(i)])
-        return " ".join(words)
+        return " ".join(words).replace(f" {NEWLINE} ", NEWLINE)
 
     def to_hf(self) -> Tokenizer:
-        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel, whitespace split, specials marked)."""
+        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel, whitespace split, specials marked;
+        "\n" an added token, so it is split out before the whitespace split)."""
         tok = Tokenizer(WordLevel(vocab=dict(self._ids), unk_token=UNK))
         tok.pre_tokenizer = WhitespaceSplit()
-        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKEN_STRINGS])
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKEN_STRINGS
+                                if s != NEWLINE])
+        tok.add_tokens([AddedToken(NEWLINE, normalized=False)])
         return tok
 
     def save(self, path: str | Path) -> Path:
@@ -100,9 +112,14 @@ class WordTokenizer:
         """Read back a `tokenizer.json` written by `save` (the WordLevel vocabulary in id order)."""
         vocab = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
         ordered = sorted(vocab, key=vocab.__getitem__)
-        if [vocab[w] for w in ordered] != list(range(len(ordered))) or \
-                tuple(ordered[:len(SPECIAL_TOKEN_STRINGS)]) != SPECIAL_TOKEN_STRINGS:
-            raise ValueError(f"{path}: not a lumina word-level tokenizer (ids not dense or specials not first)")
+        if [vocab[w] for w in ordered] != list(range(len(ordered))):
+            raise ValueError(f"{path}: not a lumina word-level tokenizer (ids not dense)")
+        specials = tuple(ordered[:len(SPECIAL_TOKEN_STRINGS)])
+        if specials != SPECIAL_TOKEN_STRINGS:
+            if specials[:-1] == SPECIAL_TOKEN_STRINGS[:-1]:
+                raise ValueError(f"{path}: a word vocabulary made before {VOCABULARY_CHANGE}; its data and "
+                                 "checkpoints predate the prompt template: rebuild them")
+            raise ValueError(f"{path}: not a lumina word-level tokenizer (specials not first)")
         return cls(ordered[len(SPECIAL_TOKEN_STRINGS):])
 
 
@@ -146,10 +163,24 @@ SPECIAL_FIELD_STRINGS = {
 }
 
 
+# SpecialTokens template fields -> their token strings (optional: -1 when the vocabulary has none)
+TEMPLATE_FIELD_STRINGS = {"img_context": "<IMG_CONTEXT>", "video_context": "<VIDEO_CONTEXT>",
+                          "mesh3d_context": "<3D_CONTEXT>"}
+# media kind -> its placeholder string in user text
+PLACEHOLDER_STRINGS = {kind: TEMPLATE_FIELD_STRINGS[field] for kind, field in PLACEHOLDER_FIELDS.items()}
+
+
+def newline_id(tokenizer: TextTokenizer) -> int:
+    """The tokenizer's id of "\n" (-1 when "\n" is not one token of its own)."""
+    ids = tokenizer.encode(NEWLINE)
+    return ids[0] if len(ids) == 1 else -1
+
+
 def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebooks: int,
                       image_vocab_size: int = 5010, **overrides: int) -> SpecialTokens:
-    """The `SpecialTokens` of a text tokenizer's vocabulary (image-marker ids keep their official values).
-    `overrides` supply ids the vocabulary lacks (e.g. pad=156892 for a checkpoint whose pad has another name)."""
+    """The `SpecialTokens` of a text tokenizer's vocabulary (image-marker ids keep their official values; the
+    media placeholders and "\n" are -1 where the vocabulary has none). `overrides` supply ids the vocabulary
+    lacks (e.g. pad=156892 for a checkpoint whose pad has another name)."""
     ids = {}
     for field, string in SPECIAL_FIELD_STRINGS.items():
         if field in overrides:
@@ -157,6 +188,9 @@ def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebook
         if string not in tokenizer.special_ids:
             raise ValueError(f"tokenizer has no {string!r} token for SpecialTokens.{field}; pass {field}=<id>")
         ids[field] = tokenizer.special_ids[string]
+    for field, string in TEMPLATE_FIELD_STRINGS.items():
+        ids[field] = tokenizer.special_ids.get(string, -1)
+    ids["newline"] = newline_id(tokenizer)
     ids.update(overrides)
     return SpecialTokens(text_vocab_size=tokenizer.vocab_size, codebook_size=codebook_size,
                          num_codebooks=num_codebooks, image_vocab_size=image_vocab_size, **ids)

@@ -5,18 +5,24 @@
     world.items[i]          # its WorldItem: texts and the ground-truth specs of its images
     world.tokens            # the SpecialTokens of the built-in tokenizers (pad = 0, C = 4, K = 64 by default)
 
+A sample is [system: the world's short prompt of its task kind (`WORLD_SYSTEM_PROMPTS`), user, assistant],
+laid out by the official template (a source image on its own line, "\n", then the text).
+
 The image tokenizer is fitted on the train split's scenes (every combination, every jitter) and cached under
 `cache_dir` (default $LUMINA_CACHE or ~/.cache/lumina) in a file named by its settings.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from lumina.data.assets import DatasetAssets, TextTokenizerRecord, file_digest
+from lumina.data.prompts import system_prompt_task
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import InMemorySampleDataset
@@ -24,7 +30,7 @@ from lumina.data.tokenizers.image_rvq import DEFAULT_RVQ, RVQImageTokenizer, RVQ
 from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
 from lumina.data.tokenizers.text import WordTokenizer, special_tokens_of
 from lumina.data.world.scene import IMAGE_SIZE, JITTER, ObjectSpec, combinations_in, render
-from lumina.data.world.tasks import WorldItem, make_items, world_words
+from lumina.data.world.tasks import WORLD_SYSTEM_PROMPTS, WorldItem, make_items, world_words
 
 WORLD_VERSION = 1  # bump when rendering changes, so cached tokenizers are refitted
 SOURCE = "world"
@@ -36,6 +42,20 @@ def default_cache_dir() -> Path:
 
 def world_text_tokenizer() -> WordTokenizer:
     return WordTokenizer(world_words())
+
+
+def world_assets(cache_dir: str | Path | None = None) -> DatasetAssets:
+    """The world's text tokenizer saved as a tokenizer.json in the cache, as the assets a run's HF export copies
+    (so `lumina-generate` can tell a world checkpoint of this vocabulary from an older one)."""
+    tokenizer = world_text_tokenizer()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    digest = hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest()[:12]
+    path = cache / f"world-tokenizer-{digest}.json"
+    if not path.is_file():
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tokenizer.save(tmp)
+        tmp.replace(path)
+    return DatasetAssets(TextTokenizerRecord(str(path), file_digest(path)))
 
 
 def train_scene_specs() -> list[ObjectSpec]:
@@ -116,7 +136,9 @@ def items_to_samples(items: list[WorldItem], text_tokenizer: WordTokenizer,
         user: list = [] if item.source is None else [media[item.source]]
         user.append(Text(text_tokenizer.encode(item.prompt)))
         answer = [media[item.target]] if item.target is not None else [Text(text_tokenizer.encode(item.answer or ""))]
-        samples.append(Sample(item.id, [Turn("user", user), Turn("assistant", answer)], source=SOURCE))
+        task = system_prompt_task(item.target is not None, [] if item.source is None else ["image"])
+        system = Turn("system", [Text(text_tokenizer.encode(WORLD_SYSTEM_PROMPTS[task]))])
+        samples.append(Sample(item.id, [system, Turn("user", user), Turn("assistant", answer)], source=SOURCE))
     return samples
 
 

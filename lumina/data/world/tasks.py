@@ -33,6 +33,9 @@ NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "
                 "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen")
 SIDES = {"circle": "zero", "triangle": "three", "square": "four"}
 CAPTION_PROMPT = "describe the image ."
+# The world's own short system prompts (lumina.data.prompts keys), one per kind of task like the official ones
+WORLD_SYSTEM_PROMPTS = {"text": "answer the question .", "understand": "answer about the image .",
+                        "t2i": "draw the image .", "edit": "edit the image ."}
 _TEXT_QA_SPLIT_SEED = 20260102
 
 
@@ -173,7 +176,7 @@ def make_items(split: str, num_items: int, seed: int = 0, mix: dict[str, float] 
 
 def world_words() -> list[str]:
     """The world's closed vocabulary: every word any task text can contain, sorted."""
-    texts = [CAPTION_PROMPT]
+    texts = [CAPTION_PROMPT, *WORLD_SYSTEM_PROMPTS.values()]
     for split in SPLITS:
         for combo in combinations_in(split):
             spec = ObjectSpec(*combo)

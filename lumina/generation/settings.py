@@ -1,0 +1,101 @@
+"""lumina-generate's per-task settings: the values given in the config over the defaults of the checkpoint's
+kind, `conf/generate/<kind>.yaml` (official: the official inference scripts' per-task defaults and system
+prompts; world: the built-in world's; small: a small model trained on its own data).
+
+`generate=auto` (the default) picks the kind from the checkpoint: "world" for the built-in world's vocabulary,
+"official" for an official-size model with the official special-token ids and AToken's 8 x 4096 codes, else
+"small". Tasks are the system-prompt keys of `lumina.data.prompts` (understanding by the media kind).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lumina.data.prompts import OFFICIAL_SYSTEM_PROMPTS
+from lumina.data.special_tokens import SpecialTokens
+from lumina.data.tokenizers.text import TextTokenizer, WordTokenizer
+from lumina.data.world.dataset import world_text_tokenizer
+from lumina.data.world.tasks import WORLD_SYSTEM_PROMPTS
+from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
+from lumina.model.config import LuminaConfig
+
+SETTINGS_DIR = Path(__file__).resolve().parents[2] / "conf" / "generate"
+KINDS = ("official", "world", "small")
+SYSTEM_PROMPTS = {"official": OFFICIAL_SYSTEM_PROMPTS, "world": WORLD_SYSTEM_PROMPTS}
+OFFICIAL_CODES = (8, 4096)  # AToken: 8 codebooks of 4096 codes
+
+
+def checkpoint_kind(config: LuminaConfig, tokens: SpecialTokens, text_tokenizer: TextTokenizer) -> str:
+    """"world" (the world's vocabulary), "official" or "small" (module docstring)."""
+    if isinstance(text_tokenizer, WordTokenizer) and text_tokenizer.vocab == world_text_tokenizer().vocab:
+        return "world"
+    official, contract = LuminaConfig.official(), SpecialTokens.official()
+    size = ("hidden_size", "num_hidden_layers", "num_experts")
+    ids = ("boa", "eoa", "boi", "eoi", "text_mask", "user_open", "system_open", "img_context")
+    if (all(getattr(config, k) == getattr(official, k) for k in size)
+            and all(getattr(tokens, k) == getattr(contract, k) for k in ids)
+            and (tokens.num_codebooks, tokens.codebook_size) == OFFICIAL_CODES):
+        return "official"
+    return "small"
+
+
+def resolve_settings(cfg: DictConfig, kind: str) -> DictConfig:
+    """The settings document: the one `generate=<kind>` composed in, else conf/generate/<kind>.yaml."""
+    if cfg.get("by_task") is not None:
+        return cfg
+    if kind not in KINDS:
+        raise ValueError(f"generate={kind!r}: expected one of auto, {', '.join(KINDS)}")
+    return OmegaConf.load(SETTINGS_DIR / f"{kind}.yaml")
+
+
+def _task_node(settings: DictConfig, task: str) -> DictConfig:
+    node = settings.by_task.get(task)
+    if node is None:
+        raise ValueError(f"the generation settings (system_prompts={settings.system_prompts}) have no defaults for "
+                         f"task {task!r}; expected one of {list(settings.by_task)}")
+    return node
+
+
+def _merged(given: Any, defaults: Any) -> dict[str, Any]:
+    given = OmegaConf.to_container(given, resolve=True) if OmegaConf.is_config(given) else dict(given or {})
+    defaults = OmegaConf.to_container(defaults, resolve=True) if OmegaConf.is_config(defaults) else {}
+    return {**defaults, **{k: v for k, v in given.items() if v is not None}}
+
+
+def text_config(cfg: DictConfig, settings: DictConfig, task: str) -> TextSamplingConfig:
+    """cfg.text's set values over the task's defaults."""
+    return TextSamplingConfig(**_merged(cfg.text, _task_node(settings, task).get("text")))
+
+
+def image_config(cfg: DictConfig, settings: DictConfig, task: str) -> ImageSamplingConfig:
+    """cfg.image's set values over the task's defaults; dual guidance (text_scale / image_scale > 0) starts
+    from cfg_scale 0, as the official edit script requires."""
+    values = _merged(cfg.image, _task_node(settings, task).get("image"))
+    if (values.get("text_scale") or values.get("image_scale")) and cfg.image.get("cfg_scale") is None:
+        values["cfg_scale"] = 0.0
+    return ImageSamplingConfig(**values)
+
+
+def default_grid(settings: DictConfig, task: str) -> tuple[int, int] | None:
+    grid = _task_node(settings, task).get("grid")
+    return None if grid is None else (int(grid[0]), int(grid[1]))
+
+
+def system_prompt(cfg: DictConfig, settings: DictConfig, task: str) -> str:
+    """cfg.system when given, else the settings' system prompt of `task`."""
+    if cfg.get("system") is not None:
+        return str(cfg.system)
+    prompts = SYSTEM_PROMPTS[settings.system_prompts]
+    if task not in prompts:
+        raise ValueError(f"system_prompts={settings.system_prompts} has no prompt for task {task!r}; pass system=...")
+    return prompts[task]
+
+
+def parameter_dtype(cfg: DictConfig, settings: DictConfig, device: str) -> str:
+    """cfg.dtype, or with dtype=auto the settings' dtype_on_cuda on CUDA and float32 elsewhere."""
+    if cfg.dtype != "auto":
+        return str(cfg.dtype)
+    return str(settings.dtype_on_cuda) if device.startswith("cuda") else "float32"
