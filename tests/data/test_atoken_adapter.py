@@ -127,7 +127,7 @@ def test_build_codes_video_frames_in_fours_and_names_a_video_it_cannot_code(atok
                                 {"role": "assistant", "parts": [{"kind": "text", "ids": [6]}]}]}
             for n, k in (("four", 4), ("three", 3))]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = build_shards([tmp_path / "m.jsonl"], tmp_path / "out", SpecialTokens.official(), on_error="skip",
+    report = build_shards([tmp_path / "m.jsonl"], tmp_path / "out", SpecialTokens.official(newline=201), on_error="skip",
                           pixels=PixelEncoder(atoken, max_edge=0))
     assert report.rows_written == 1 and report.skipped[0].line == 2
     assert "parts[0].files: frames has 3 frames; AToken codes videos in groups of 4" in report.skipped[0].reason

@@ -194,7 +194,7 @@ def test_mixture_source_lengths_match_layout() -> None:
 def test_a_mixture_resumes_mid_epoch_on_the_same_packs() -> None:
     """Saved after 3 steps of epoch 1, restored into freshly built sources and plan: the remaining packs (and
     their samples) are the uninterrupted run's."""
-    tokens = SpecialTokens.official()
+    tokens = SpecialTokens.official(newline=NEWLINE)
     samples = real_samples(tokens)
     noise = NoiseConfig(uncond_text_prob=0.5, uncond_image_prob=0.5)
 

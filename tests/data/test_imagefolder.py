@@ -139,6 +139,6 @@ def test_hugging_face_train_and_validation_folders_are_the_splits(tmp_path, fold
     words = WordTokenizer.load(tmp_path / "out" / "tokenizer.json")
     for split, lines in (("train", train), ("val", validation)):
         samples = list(ParquetSampleDataset(tmp_path / "out" / split))
-        assert [words.decode(s.turns[1].parts[0].ids) for s in samples] == [line["text"] for line in lines]
+        assert [words.decode(s.turns[2].parts[0].ids) for s in samples] == [line["text"] for line in lines]
         # the validation pictures are 24 x 20 (H x W): at long edge 16 they code 4 x 3 cells, train 3 x 4
-        assert {s.turns[0].parts[0].grid for s in samples} == ({(3, 4)} if split == "train" else {(4, 3)})
+        assert {s.turns[1].parts[0].grid for s in samples} == ({(3, 4)} if split == "train" else {(4, 3)})

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from pixel_helpers import picture
 from s3_server import S3Server
-from sample_helpers import Shell
+from sample_helpers import NEWLINE, Shell
 
 from lumina.cli.data import main as data_main
 from lumina.data.assets import save_assets
@@ -202,7 +202,7 @@ def media(store, tmp_path_factory):
 
 
 def build(manifest: str | Path, out: Path, tokenizer: RVQVisualTokenizer):
-    tokens = SpecialTokens.official().replace(codebook_size=16, num_codebooks=3)
+    tokens = SpecialTokens.official(newline=NEWLINE).replace(codebook_size=16, num_codebooks=3)
     return build_shards([manifest], out, tokens, pixels=PixelEncoder(tokenizer), assets=save_assets(out, None, tokenizer))
 
 
@@ -244,7 +244,7 @@ def test_a_missing_or_unsafe_token_file_on_the_store_is_named_by_its_url(media, 
 
 def test_generation_reads_its_input_image_from_the_store(media):
     _, local, url, tokenizer, _, _ = media
-    tokens = SpecialTokens.official().replace(codebook_size=16, num_codebooks=3)
+    tokens = SpecialTokens.official(newline=NEWLINE).replace(codebook_size=16, num_codebooks=3)
     assets = GenerationAssets(WordTokenizer(["a"]), tokens, tokenizer, "own")
     for name in ("tok/b.pkl", "img/a.png"):
         remote, here = load_image(f"{url}/{name}", assets), load_image(str(local / name), assets)

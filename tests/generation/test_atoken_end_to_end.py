@@ -64,13 +64,13 @@ def test_tokenize_images_writes_official_token_files_that_build_reads(tmp_path, 
     from lumina.data.storage import ParquetSampleDataset
 
     samples = {s.id: s for split in ("train", "val") for s in ParquetSampleDataset(root / "data" / split)}
-    built = samples["000.png#t2i"].turns[1].parts[0]
+    built = samples["000.png#t2i"].turns[2].parts[0]
     assert built.grid == (2, 4) and torch.equal(built.codes, found.codes)
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"id": "a", "turns": [
         {"role": "user", "parts": [{"kind": "image", "path": "tokens/001.pkl"}, {"kind": "text", "ids": [5]}]},
         {"role": "assistant", "parts": [{"kind": "text", "ids": [6]}]}]}) + "\n")
-    assert data_main(["build", str(manifest), "--out", str(tmp_path / "shards")]) == 0  # 8 x 4096 by default
+    assert data_main(["build", str(manifest), "--out", str(tmp_path / "shards"), "--newline-id", "201"]) == 0  # 8 x 4096 by default
     assert ParquetSampleDataset(tmp_path / "shards")[0].turns[0].parts[0].grid == (2, 4)
 
 
