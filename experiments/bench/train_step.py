@@ -49,6 +49,7 @@ for the text head) and the dense gradient of the 157,184-row embedding are writt
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -63,6 +65,7 @@ from step_memory import SMALL_CONFIG, world_pack  # noqa: E402
 
 from lumina.cli.heap import keep_freed_heap_memory  # noqa: E402
 from lumina.model import LuminaConfig, LuminaModel  # noqa: E402
+from lumina.model.compile import apply_compile  # noqa: E402
 from lumina.model.flops import forward_flops, pack_attention_pairs, training_flops  # noqa: E402
 from lumina.model.supervision import PackRows  # noqa: E402
 from lumina.objective import LuminaObjective  # noqa: E402
@@ -71,15 +74,18 @@ from lumina.training.throughput import gemm_probe_tflops  # noqa: E402
 
 VARIANTS: dict[str, tuple[dict, dict]] = {  # name -> (LuminaConfig fields, OptimConfig fields)
     "today": ({}, {}),
+    "compiled": ({}, {}),  # `today` with lumina.model.compile.apply_compile (what model.compile=true runs)
     "adamw_loop": ({}, {"fused": False}),
     "moe_loop": ({"moe_backend": "loop"}, {}),
     "chunk_64mib": ({"loss_chunk_rows": 64 * 2**20 // (4 * 157184)}, {}),
 }
 
 
-def make_step(config: LuminaConfig, optim_fields: dict, batch) -> Callable[[], None]:  # noqa: ANN001
+def make_step(config: LuminaConfig, optim_fields: dict, batch, compiled: bool = False) -> Callable[[], None]:  # noqa: ANN001
     torch.manual_seed(0)
     model = LuminaModel(config)
+    if compiled:
+        apply_compile(model)
     objective = LuminaObjective()
     optimizer = build_optimizer(model, OptimConfig(**optim_fields))
 
@@ -108,15 +114,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=5, help="timed rounds after one warm-up round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--shape", default="small", choices=("small", "learns_cpu"),
+                        help="small: SMALL_CONFIG; learns_cpu: conf/experiment/learns_cpu.yaml's model and pack")
     parser.add_argument("--variants", nargs="+", default=["today", "adamw_loop"], choices=sorted(VARIANTS))
     parser.add_argument("--check-flops", action="store_true", help="also count one step with FlopCounterMode")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of the first")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of each")
     args = parser.parse_args(argv)
     print(f"glibc heap kept for reuse: {keep_freed_heap_memory()}", flush=True)
     torch.set_num_threads(args.threads)
 
-    batch = world_pack(args.seq_len, SMALL_CONFIG.get("num_codebooks", 8))
-    base = LuminaConfig.official(**SMALL_CONFIG, attn_backend="segmented")
+    if args.shape == "learns_cpu":  # the tiny preset with conf/experiment/learns_cpu.yaml's model and task mix
+        experiment = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/experiment/learns_cpu.yaml")
+        fields = {**OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/model/tiny.yaml").config,
+                  **experiment.model.config}
+        base = LuminaConfig.tiny(**OmegaConf.to_container(OmegaConf.create(fields)))
+        batch = world_pack(args.seq_len, base.num_codebooks,
+                           tasks=OmegaConf.to_container(experiment.data.sources[0].options.mix))
+    else:
+        batch = world_pack(args.seq_len, SMALL_CONFIG.get("num_codebooks", 8))
+        base = LuminaConfig.official(**SMALL_CONFIG, attn_backend="segmented")
     rows, pairs = PackRows.of(batch), pack_attention_pairs(batch, "segmented")
     flops = training_flops(base, rows, pairs)
     parts = forward_flops(base, rows, pairs)
@@ -127,9 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.check_flops:
         print(f"FlopCounterMode: {counted_flops(base, batch) / 1e9:.2f} GFLOP", flush=True)
 
-    steps = {name: make_step(base.replace(**VARIANTS[name][0]), VARIANTS[name][1], batch) for name in args.variants}
-    for step in steps.values():
-        step()  # warm-up
+    steps = {name: make_step(base.replace(**VARIANTS[name][0]), VARIANTS[name][1], batch, name == "compiled")
+             for name in args.variants}
+    warm_up = {}
+    for name, step in steps.items():
+        start = time.perf_counter()
+        step()  # warm-up (the compiled variant compiles here)
+        warm_up[name] = time.perf_counter() - start
     times: dict[str, list[float]] = {name: [] for name in steps}
     probes = []
     for _ in range(args.steps):
@@ -142,19 +162,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"GEMM probe: {probe * 1e3:.1f} GFLOP/s (median of {len(probes)}; range "
           f"{min(probes) * 1e3:.1f}-{max(probes) * 1e3:.1f})")
     first = args.variants[0]
-    print("| variant | step s (median) | TFLOP/s | MFU | vs " + first + " |\n|---|---|---|---|---|")
+    print("| variant | step s (median) | TFLOP/s | MFU | vs " + first + " | first step s |\n|---|---|---|---|---|---|")
     for name, ts in times.items():
         median = statistics.median(ts)
         rate = flops / median / 1e12
         print(f"| {name} | {median:.2f} | {rate:.4f} | {rate / probe:.1%} | "
-              f"{median / statistics.median(times[first]):.3f} |")
+              f"{median / statistics.median(times[first]):.3f} | {warm_up[name]:.1f} |")
+    if "compiled" in steps:
+        from torch._dynamo.utils import counters
+
+        print(f"compiled: {counters['stats']['unique_graphs']} graphs; compile time (first step - median) "
+              f"{warm_up['compiled'] - statistics.median(times['compiled']):.1f} s with the inductor cache at "
+              f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'its default (/tmp/torchinductor_$USER)')}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            steps[first]()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
-
+        for name, step in steps.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+            print(f"--- {name}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 if __name__ == "__main__":
     main()

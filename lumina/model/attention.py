@@ -19,6 +19,12 @@ from lumina.model.rotary import apply_rotary
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 
 
+@torch.compiler.disable
+def run_core(core: AttentionCore, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: object) -> torch.Tensor:
+    """`core(q, k, v, spec)`, never compiled: the spec's host facts (segment bounds, plain runs) plan the calls."""
+    return core(q, k, v, spec)
+
+
 class Attention(nn.Module):
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()
@@ -43,5 +49,5 @@ class Attention(nn.Module):
         k = self.key_layernorm(k.transpose(1, 2))  # [B, nkv, S, hd]
         v = v.transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = self.core(q, k, v, spec)  # [B, nh, S, hd]
+        out = run_core(self.core, q, k, v, spec)  # [B, nh, S, hd]
         return self.dense(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))

@@ -75,6 +75,7 @@ class Checkpointer:
         self.tape: RoutingTape | None = None
         self.handles: list[RemovableHandle] = [r.register_forward_hook(self._route) for r in routers]
 
+    @torch.compiler.disable
     def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
         return checkpoint(fn, *args, use_reentrant=False, context_fn=self._contexts)
 
@@ -84,11 +85,16 @@ class Checkpointer:
         return _TapeContext(self, tape, replay=False), _TapeContext(self, tape, replay=True)
 
     def _route(self, router: Router, args: object, routing: Routing) -> Routing | None:
-        """Router forward hook: the recorded ids in a recompute, the weights re-gathered in both passes."""
-        tape = self.tape
-        if tape is None:
+        """Router forward hook: the recorded ids in a recompute, the weights re-gathered in both passes. Outside
+        a checkpointed call it returns None; inside, the tape's Python state is read by `_replay`, never
+        compiled (`lumina.model.compile`)."""
+        if self.tape is None:
             return None
-        ids = tape.take(routing.topk_ids)
+        return self._replay(router, routing)
+
+    @torch.compiler.disable
+    def _replay(self, router: Router, routing: Routing) -> Routing:
+        ids = self.tape.take(routing.topk_ids)
         weights = router.weigh(routing.logits.sigmoid(), ids)
         return Routing(logits=routing.logits, topk_ids=ids, topk_weights=weights)
 

@@ -13,6 +13,14 @@ from lumina.model.mlp import SwiGLU
 from lumina.model.router import Router, Routing
 
 
+@torch.compiler.disable
+def run_experts(dispatcher: MoEDispatcher, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                experts: nn.Module) -> torch.Tensor:
+    """`dispatcher.run_experts(...)`, never compiled: the per-expert counts size the GEMM groups (and, expert
+    parallel, the all-to-all splits read on the host)."""
+    return dispatcher.run_experts(x, topk_ids, topk_weights, experts)
+
+
 class MoE(nn.Module):
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()
@@ -37,7 +45,7 @@ class MoE(nn.Module):
         """x [B, S, H] -> (y [B, S, H], routing of the B*S tokens)."""
         flat = x.reshape(-1, x.shape[-1])
         routing = self.gate(flat)
-        y = self.dispatcher.run_experts(flat, routing.topk_ids, routing.topk_weights, self.experts).view_as(x)
+        y = run_experts(self.dispatcher, flat, routing.topk_ids, routing.topk_weights, self.experts).view_as(x)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y, routing

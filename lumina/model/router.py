@@ -41,7 +41,8 @@ class _Fp32Logits(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         ctx.save_for_backward(x, weight)
-        return F.linear(x.float(), weight.float())
+        with torch.autocast(x.device.type, enabled=False):  # fp32 under autocast too (bf16-mixed)
+            return F.linear(x.float(), weight.float())
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205

@@ -21,7 +21,7 @@ from lumina.training.optim import OptimConfig
 from lumina.training.trainer_config import check_trainer_fields
 
 PRESETS = ("tiny", "official")
-MODEL_KEYS = ("preset", "init_from", "freeze", "meta_init", "config")
+MODEL_KEYS = ("preset", "init_from", "freeze", "meta_init", "compile", "config")
 
 
 def plain(node: Any) -> Any:
@@ -74,7 +74,15 @@ def module(cfg: DictConfig) -> LuminaModule:
     optim = OptimConfig(**plain(cfg.optim))
     return LuminaModule(model_config(cfg), objective=objective, optim=optim,
                         init_from=cfg.model.get("init_from"), freeze=plain(cfg.model.get("freeze")) or [],
-                        meta_init=bool(cfg.model.get("meta_init", False)))
+                        meta_init=bool(cfg.model.get("meta_init", False)), compile=model_compile(cfg))
+
+
+def model_compile(cfg: DictConfig) -> bool:
+    """cfg.model.compile (default false): a bool, else ConfigError naming the field."""
+    value = cfg.model.get("compile", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"model.compile={value!r}: must be true or false")
+    return value
 
 
 def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):

@@ -21,6 +21,7 @@ import torch
 from lumina.checkpoint.model_factory import build_model
 from lumina.data.batch import PackedBatch
 from lumina.model import LuminaModel
+from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.model.config import LuminaConfig
 from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
 from lumina.training.freeze import freeze_parameters
@@ -32,17 +33,20 @@ from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
 class LuminaModule(L.LightningModule):
     """model_config: the architecture; init_from: an HF directory whose weights are loaded in
     `configure_model` (None = fresh init); freeze: parameter-name globs kept frozen and out of the optimizer;
-    meta_init: build on the meta device first, then materialise (what a sharding strategy needs)."""
+    meta_init: build on the meta device first, then materialise (what a sharding strategy needs); compile:
+    `torch.compile` the decoder layers and the channel head (`lumina.model.compile.apply_compile`) and log
+    `compile/graphs`, the graphs compiled so far in this process, every step."""
 
     def __init__(self, model_config: LuminaConfig, objective: ObjectiveConfig | None = None,
                  optim: OptimConfig | None = None, init_from: str | None = None,
-                 freeze: Sequence[str] = (), meta_init: bool = False) -> None:
+                 freeze: Sequence[str] = (), meta_init: bool = False, compile: bool = False) -> None:
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim or OptimConfig()
         self.init_from = init_from
         self.freeze_globs = list(freeze)
         self.meta_init = meta_init
+        self.compile = compile
         self.objective = LuminaObjective(objective or ObjectiveConfig())
         self.save_hyperparameters({
             "model": _plain(model_config), "objective": _plain(self.objective.config),
@@ -80,6 +84,8 @@ class LuminaModule(L.LightningModule):
                                 device=self.device)
         self.frozen_names = freeze_parameters(model, self.freeze_globs)
         self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
+        if self.compile:  # after checkpointing, before the strategy shards the layers
+            apply_compile(model)
         self.model = model
 
     def forward(self, batch: PackedBatch):
@@ -190,6 +196,8 @@ class LuminaModule(L.LightningModule):
         if self._grad_norm is not None:
             scalars["train/grad_norm"] = self._grad_norm.item()
         scalars["train/peak_mem_gib"] = self._peak_mem_gib()
+        if self.compile:
+            scalars["compile/graphs"] = compiled_graphs()
         for name, value in self.train_acc.compute().items():  # only accuracies with tokens in this step
             if sums["text_tokens" if name == "text_acc" else "image_tokens"] > 0:
                 scalars[f"train/{name}"] = value.item()

@@ -39,6 +39,7 @@ from lumina.distributed.plan import OFFICIAL_PLAN
 from lumina.distributed.sequence import SequenceShard
 from lumina.model import LuminaModel
 from lumina.model.checkpointing import RoutingTape
+from lumina.model.compile import apply_compile
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 OUT: Path = Path(".")
@@ -165,6 +166,29 @@ def sequence_parity(name: str, pack: str, ep: int, **overrides) -> None:
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     save(name, {"loss": loss / 2, "grads": grads, "norm": norm, "clip_norm": clipped, "rows": batch.seq_len,
                 "weights": full_state_dict(model, all_ranks=True)})
+
+
+def compiled_step(compiled: bool, sp: int, **overrides) -> dict:
+    """One step of the EP=2 x FSDP=2 model (sp=2: both ranks share the union pack), compiled before sharding
+    as `LuminaModule.configure_model` does, or eager: loss and full gradients."""
+    model = fresh_model(**overrides)
+    if compiled:
+        apply_compile(model)
+    model = sharded(model, sp=sp)
+    group = model.model.layers[0].attention.core.group if sp > 1 else None
+    batch = my_pack() if sp == 1 else SequenceShard(dist.get_rank(group), 2, tiny_config().pad_token_id).local(
+        SEQUENCE_PACKS["union"]())
+    loss = objective(group)(model(batch), batch).loss
+    loss.backward()
+    return {"loss": loss.detach(), "grads": full_grads(model)}
+
+
+def compiled_runs() -> None:
+    """Compiled and eager steps under FSDP2 + EP (with and without activation checkpointing) and under
+    FSDP2 + EP + sequence parallelism."""
+    runs = {"ep": {"sp": 1}, "ep_full": {"sp": 1, "gradient_checkpointing": "full"}, "ep_sp": {"sp": 2}}
+    save("compile", {name: {mode: compiled_step(mode == "compiled", **kwargs) for mode in ("eager", "compiled")}
+                     for name, kwargs in runs.items()})
 
 
 def loaded_from_hf(hf_dir: str) -> LuminaModel:
@@ -420,6 +444,10 @@ def main() -> None:
     if scenario == "four":
         four_ranks(str(OUT / "hf_in"))
         four_sequence()
+        dist.destroy_process_group()
+        return
+    if scenario == "compile":
+        compiled_runs()
         dist.destroy_process_group()
         return
     if scenario == "init_from":  # one part alone, for debugging
