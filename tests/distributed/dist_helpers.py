@@ -148,9 +148,10 @@ def launch(scenario: str, out_dir: Path, world: int = 2, timeout_s: float = 240.
                         env=env)
 
 
-def run_scenario(scenario: str, out: Path, expect_ok: bool, world: int = 2) -> Callable[[str, int], dict]:
+def run_scenario(scenario: str, out: Path, expect_ok: bool, world: int = 2,
+                 timeout_s: float = 240.0) -> Callable[[str, int], dict]:
     """Launch `scenario` on `world` gloo ranks; the result loads rank r's saved `name` as load(name, r)."""
-    results = launch(scenario, out, world=world)
+    results = launch(scenario, out, world=world, timeout_s=timeout_s)
     if expect_ok and any(r.returncode != 0 for r in results):
         tails = "\n".join(f"--- rank {i} (exit {r.returncode}) ---\n{r.stdout[-4000:]}" for i, r in enumerate(results))
         pytest.fail(f"distributed scenario {scenario!r} failed:\n{tails}")
