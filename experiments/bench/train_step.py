@@ -2,7 +2,8 @@
 a GEMM probe measured in the same process; variants side by side (A/B), and where the time goes.
 
     python experiments/bench/train_step.py [--seq-len 2048] [--steps 5] [--threads 1]
-        [--variants today adamw_loop moe_loop] [--check-flops] [--profile]
+        [--variants today adamw_loop moe_loop compiled] [--shape small|learns_cpu] [--check-flops]
+        [--profile]
 
 Model: `LuminaConfig.official(**SMALL_CONFIG)` (`step_memory.py`: hidden 256, 4 layers, 64
 experts top-8, the official 157,184-word head and 8 x 4,096-code heads, the channel head at its defaults; fp32,
@@ -17,7 +18,9 @@ step each, then --steps rounds), so machine load hits all alike; medians are rep
 1024 x 1024 fp32 matrices with the same threads), measured before every round; MFU = FLOPs / median step time
 / median probe.
 
-Variants: `today` (the defaults), `adamw_loop` (AdamW as torch picks it on CPU without `fused`: the per-tensor
+Variants: `today` (the defaults), `compiled` (`today` under `apply_compile`, what model.compile=true runs; its
+first step compiles, reported as the first step's time minus the median; the inductor cache is
+TORCHINDUCTOR_CACHE_DIR's), `adamw_loop` (AdamW as torch picks it on CPU without `fused`: the per-tensor
 loop lumina used before), `moe_loop` (moe_backend loop instead of grouped_mm), `chunk_64mib` (fused head losses
 in 64 MiB logit chunks instead of 256).
 
@@ -33,6 +36,11 @@ heads 10.8%, the experts 6.8%, the dense FFN 2.3%, attention projections 1.9%, t
     2 threads, --variants today adamw_loop, probe 148.6 GFLOP/s (100.1-181.5):
     | today      | 5.03   | 0.0852  | 57.3% | 1.000    |
     | adamw_loop | 6.11   | 0.0702  | 47.2% | 1.214    |
+
+`--shape learns_cpu`: the model and task mix of conf/experiment/learns_cpu.yaml instead. Each round also
+records the process CPU time of every step (less hit by other jobs than wall time). compiled vs today, S =
+2048, on a host loaded with 3-4 other jobs (experiments/compile.md): small, 1 thread: wall 0.969, CPU time
+0.964, compile 528 s cold / 63 s warm cache; learns_cpu, 1 thread: wall 0.971, CPU time 0.965.
 
 `adamw_loop` is the step before AdamW went fused on CPU (`OptimConfig.fused` None now picks torch's fused
 kernel where it runs): the optimizer step over 128 M parameters (the 157,184-word embedding and head are 80 M of
@@ -94,6 +102,22 @@ def make_step(config: LuminaConfig, optim_fields: dict, batch, compiled: bool = 
         objective(model(batch), batch).loss.backward()
         optimizer.step()
     return step
+
+
+GEMMS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm")
+
+
+def kind(op: str) -> str:
+    """A profiler op name -> its group in `--profile`'s summary."""
+    if op in GEMMS:
+        return "matrix products"
+    if "scaled_dot_product" in op:
+        return "attention"
+    if "CompiledFxGraph" in op or op.startswith("cpp_fused") or op.startswith("## "):
+        return "compiled kernels"
+    if "adam" in op.lower() or op.startswith("Optimizer"):
+        return "optimizer"
+    return "other"
 
 
 def counted_flops(config: LuminaConfig, batch) -> int:  # noqa: ANN001
@@ -184,7 +208,12 @@ def main(argv: list[str] | None = None) -> None:
         for name, step in steps.items():
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 step()
-            print(f"--- {name}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+            events = prof.key_averages()
+            print(f"--- {name}\n" + events.table(sort_by="self_cpu_time_total", row_limit=20))
+            total = sum(e.self_cpu_time_total for e in events)
+            shares = {group: sum(e.self_cpu_time_total for e in events if kind(e.key) == group) / total
+                      for group in ("matrix products", "attention", "compiled kernels", "optimizer", "other")}
+            print(f"{name}: self time {total / 1e6:.2f} s: " + ", ".join(f"{g} {v:.1%}" for g, v in shares.items()))
 
 if __name__ == "__main__":
     main()

@@ -184,9 +184,9 @@ def compiled_step(compiled: bool, sp: int, **overrides) -> dict:
 
 
 def compiled_runs() -> None:
-    """Compiled and eager steps under FSDP2 + EP (with and without activation checkpointing) and under
-    FSDP2 + EP + sequence parallelism."""
-    runs = {"ep": {"sp": 1}, "ep_full": {"sp": 1, "gradient_checkpointing": "full"}, "ep_sp": {"sp": 2}}
+    """Compiled and eager steps under FSDP2 + EP and under FSDP2 + EP + sequence parallelism (checkpointing
+    with compile: tests/model/test_compile.py)."""
+    runs = {"ep": {"sp": 1}, "ep_sp": {"sp": 2}}
     save("compile", {name: {mode: compiled_step(mode == "compiled", **kwargs) for mode in ("eager", "compiled")}
                      for name, kwargs in runs.items()})
 
