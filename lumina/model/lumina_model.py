@@ -11,7 +11,6 @@ from lumina.data.batch import PackedBatch
 from lumina.data.roles import IGNORE_INDEX, TokenType
 from lumina.model.backbone import Backbone
 from lumina.model.channel_head import MultiCodebookHead, SampleFn
-from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads
 from lumina.model.layers import check_finite
@@ -33,7 +32,6 @@ class LuminaModel(nn.Module):
             Head(config.hidden_size, config.codebook_size, std, chunk, check, "image logits")
             for _ in range(config.num_codebooks))
         self.multi_codebook_head = MultiCodebookHead(config)
-        apply_checkpointing(self, config.gradient_checkpointing)
 
     # ---- construction helpers ----
     @torch.no_grad()
