@@ -87,16 +87,8 @@ class LuminaModel(nn.Module):
             moe.gate.pack_rows = (batch.window_start, batch.pack_len)
         return spec
 
-    def text_head(self, h_rows: torch.Tensor) -> torch.Tensor:
-        """h_rows [N, H] -> text logits [N, V]."""
-        return self.heads().text_logits(h_rows)
-
-    def image_head(self, h_rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing: h_rows [N, H], codes int64 [N, C] -> logits [N, C, K]."""
-        states = self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1])
-        return self.heads().image_logits(states)
-
     def heads(self) -> LuminaHeads:
+        """The one way to the output heads: logits on demand and the fused losses (also `LuminaOutput.heads`)."""
         return LuminaHeads(self.lm_head, self.lm_img_head)
 
     def sample_image_codes(self, h_rows: torch.Tensor, sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
