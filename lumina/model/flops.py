@@ -36,7 +36,6 @@ from lumina.model.supervision import PackRows
 
 SEGMENT_BACKENDS = ("segmented", "flash_varlen")
 ATTENTION_PARTS = ("attention_core", "channel_attention")  # 3.5 x forward in training; the other parts 3 x
-_CHANNEL_HEAD_MACS: dict[str, ChannelHeadMACs] = {}  # by repr(config)
 
 
 def segment_lengths(batch: PackedBatch) -> list[int]:
@@ -94,6 +93,9 @@ class ChannelHeadMACs:
     linears: int  # the channel head's linear layers
     attention: int  # its C x C attention products (computed dense)
     width: int  # D, the codebook heads' input width
+
+
+_CHANNEL_HEAD_MACS: dict[str, ChannelHeadMACs] = {}  # by repr(config)
 
 
 def channel_head_macs(config: LuminaConfig) -> ChannelHeadMACs:
