@@ -176,6 +176,7 @@ def _saved_bytes(head: MultiCodebookHead, rows: int, dtype: torch.dtype) -> int:
     positions, width = head.num_codebooks, head.condition_proj.in_features
     h = torch.empty(rows, width, dtype=dtype, device=head.channel_embed.device, requires_grad=True)
     prefix = torch.empty(rows, positions - 1, width, dtype=dtype, device=h.device, requires_grad=True)
+    # a storage's identity is its `_cdata` (meta storages all have data_ptr 0)
     own = {t.untyped_storage()._cdata for t in (*head.parameters(), *head.buffers())}
     saved: dict[int, int] = {}
 
