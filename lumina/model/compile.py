@@ -1,7 +1,7 @@
 """`apply_compile`: `torch.compile` each decoder layer and the channel head of a built `LuminaModel`, in place
 (per block, as torchtitan's `apply_compile`): the modules keep their state-dict keys and their hooks (FSDP2's
-unshard, the participation tracker) run outside the compiled code, because only `forward` (and the FFN and
-channel-blocks seams that checkpointing calls) is replaced.
+unshard, the participation tracker) run outside the compiled code, because only methods are replaced on the
+instances: `forward`, and the FFN and channel-blocks seams that checkpointing wraps.
 
 Graph breaks that remain, each where a pack's host facts decide the work:
 - the attention core (`lumina.attention.attend`, sequence parallelism's all-to-all around it): per-segment
@@ -9,7 +9,8 @@ Graph breaks that remain, each where a pack's host facts decide the work:
 - the routed experts (`MoE.run_experts`, local or expert-parallel): per-expert counts decide the GEMM groups
   and the all-to-all splits;
 - under activation checkpointing, the routers' record / replay of their top-k (`Checkpointer`'s hook state)
-  and the checkpointed call itself.
+  and the checkpointed call itself (`full`: around the compiled layer; `selective`: the compiled layer calls
+  the checkpointed, separately compiled `ffn`).
 Between them the compiler fuses the norms, RoPE, the SwiGLU gates, the routers' scoring and top-k, the
 channel head's LayerNorm / adaLN / GELU. The channel head's row count varies from pack to pack and is
 compiled dynamic from the first call; the decoder layers see [B, S, H] (S fixed by the data config)."""
@@ -17,13 +18,19 @@ compiled dynamic from the first call; the decoder layers see [B, S, H] (S fixed 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from lumina.model.checkpointing import Checkpointed
+
+COMPILED = "_lumina_compiled"  # marks a function `apply_compile` made
+
 
 def _dynamic_rows(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`fn` compiled with dim 0 of every tensor argument (the image rows) dynamic from the first call."""
+    """`fn` compiled with dim 0 of every tensor argument (the image rows) dynamic from the first call, without
+    0/1 specialisation (a pack with no or one image row compiles nothing new)."""
     compiled = torch.compile(fn)
 
     def run(*args: torch.Tensor) -> torch.Tensor:
@@ -33,21 +40,31 @@ def _dynamic_rows(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
     return run
 
 
-def apply_compile(model: nn.Module) -> None:
-    """Compile `model`'s decoder layers (their `forward`, and `ffn`, the sub-block selective checkpointing
-    runs) and its channel head's blocks (`MultiCodebookHead.run`). Apply after `apply_checkpointing`, before
-    a sharding strategy wraps the layers; idempotent."""
-    if getattr(model, "compiled", False):
+def _compile_method(module: nn.Module, name: str, dynamic_rows: bool = False) -> None:
+    """Replace `module.<name>` on the instance by its compiled form; a method `apply_checkpointing` replaced
+    keeps its checkpointing and gets its inner function compiled (checkpoint around compiled code)."""
+    method: Any = getattr(module, name)
+    owner, attr = (method, "fn") if isinstance(method, Checkpointed) else (module, name)
+    fn = getattr(owner, attr)
+    if getattr(fn, COMPILED, False):
         return
+    compiled = _dynamic_rows(fn) if dynamic_rows else torch.compile(fn)
+    setattr(compiled, COMPILED, True)
+    setattr(owner, attr, compiled)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile `model`'s decoder layers (their `forward` and `ffn`, the sub-block selective checkpointing
+    runs) and its channel head's blocks (`MultiCodebookHead.run`), in place. Apply after
+    `apply_checkpointing` (applying that again drops the compiled forms; apply this again after it) and
+    before a sharding strategy wraps the layers; applying twice changes nothing."""
     # A checkpointed recompute must run the graphs its forward ran; dynamo's most-recently-used reordering of a
     # frame's cache entries can pick another one whose guards also pass (pytorch/pytorch#166926).
     torch._C._dynamo.eval_frame._set_lru_cache(False)
     for layer in model.model.layers:
-        layer.forward = torch.compile(layer.forward)
-        layer.ffn = torch.compile(layer.ffn)
-    head = model.multi_codebook_head
-    head.run = _dynamic_rows(head.run)
-    model.compiled = True
+        _compile_method(layer, "forward")
+        _compile_method(layer, "ffn")
+    _compile_method(model.multi_codebook_head, "run", dynamic_rows=True)
 
 
 def compiled_graphs() -> int:

@@ -69,7 +69,8 @@ def eager(batch: PackedBatch) -> dict[str, Step]:
 
 @pytest.fixture(scope="module")
 def compiled() -> LuminaModel:
-    """One compiled model for every case (each policy applied to it in turn: fewer compiles)."""
+    """One compiled model for every case (each policy then applied to it as `configure_model` does,
+    checkpointing first: the graphs are shared, fewer compiles)."""
     model = tiny_model()
     keys = list(model.state_dict())
     apply_compile(model)
@@ -87,6 +88,7 @@ def test_compiled_gives_eager_loss_and_every_gradient(policy: str, dtype: str, b
                                                        eager: dict[str, Step], compiled: LuminaModel,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     apply_checkpointing(compiled, policy)
+    apply_compile(compiled)
     replays, take = [0], RoutingTape.take
 
     def counted(tape: RoutingTape, ids: torch.Tensor) -> torch.Tensor:
