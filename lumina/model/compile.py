@@ -61,6 +61,9 @@ def apply_compile(model: nn.Module) -> None:
     # A checkpointed recompute must run the graphs its forward ran; dynamo's most-recently-used reordering of a
     # frame's cache entries can pick another one whose guards also pass (pytorch/pytorch#166926).
     torch._C._dynamo.eval_frame._set_lru_cache(False)
+    # The Checkpointer's router hooks come and go with `apply_checkpointing`: guard on module hooks, so that
+    # graphs traced without them are not reused once they are registered (by default dynamo skips that guard).
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
     for layer in model.model.layers:
         _compile_method(layer, "forward")
         _compile_method(layer, "ffn")
