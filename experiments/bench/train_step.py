@@ -215,5 +215,6 @@ def main(argv: list[str] | None = None) -> None:
                       for group in ("matrix products", "attention", "compiled kernels", "optimizer", "other")}
             print(f"{name}: self time {total / 1e6:.2f} s: " + ", ".join(f"{g} {v:.1%}" for g, v in shares.items()))
 
+
 if __name__ == "__main__":
     main()
