@@ -40,7 +40,8 @@ heads 10.8%, the experts 6.8%, the dense FFN 2.3%, attention projections 1.9%, t
 `--shape learns_cpu`: the model and task mix of conf/experiment/learns_cpu.yaml instead. Each round also
 records the process CPU time of every step (less hit by other jobs than wall time). compiled vs today, S =
 2048, on a host loaded with 3-4 other jobs (experiments/compile.md): small, 1 thread: wall 0.969, CPU time
-0.964, compile 528 s cold / 63 s warm cache; learns_cpu, 1 thread: wall 0.971, CPU time 0.965.
+0.964, compile 528 s cold / 63 s warm cache (a quieter host: 0.981 / 0.971, MFU 74.8% -> 76.2%, 12.6 s warm);
+learns_cpu, 1 thread: wall 0.971, CPU time 0.965.
 
 `adamw_loop` is the step before AdamW went fused on CPU (`OptimConfig.fused` None now picks torch's fused
 kernel where it runs): the optimizer step over 128 M parameters (the 157,184-word embedding and head are 80 M of
