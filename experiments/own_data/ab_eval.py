@@ -1,6 +1,7 @@
 """Score one own-data training run on its dataset's held-out split (the A/B figures of experiments/own_data.md).
 
-    python experiments/own_data/ab_eval.py RUN_DIR DATA_DIR [--items 90] [--pics PICS --t2i 90]
+    python experiments/own_data/ab_eval.py RUN_DIR DATA_DIR [--items 90] [--text-block 16] [--pics PICS --t2i 90
+        --cfg 0]
 prints one JSON line: per task the held-out loss, answer-token accuracy and the image-ignoring baseline
 (`lumina.training.conditioning`), caption exact match over --items held-out pictures, prefix match (the answer starts with the true caption:
 right, but not stopped), and the share of
@@ -39,33 +40,60 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--items", type=int, default=90)
     parser.add_argument("--pics", default=None)
     parser.add_argument("--t2i", type=int, default=0)
+    parser.add_argument(
+        "--text-block", type=int, default=16, help="caption decoding: tokens per block (and steps)"
+    )
+    parser.add_argument(
+        "--cfg", type=float, default=0.0, help="T2I classifier-free guidance scale (0: unguided)"
+    )
     args = parser.parse_args(argv)
     model = load_model(f"{args.run}/hf")
     assets = load_assets(f"{args.run}/hf", "auto", model.config)
     dataset = held_out_dataset(args.data, assets)
     samples = [dataset[i] for i in range(len(dataset))]
-    out = conditioning_scores(model, LuminaObjective().eval(), samples, dataset.tokens,
-                              model.config.num_codebooks, NoiseConfig(), 1234, 0.5, args.items, 2048)
-    chosen = [s for s in samples if task_of(s) == "understand"][:args.items]
+    out = conditioning_scores(
+        model,
+        LuminaObjective().eval(),
+        samples,
+        dataset.tokens,
+        model.config.num_codebooks,
+        NoiseConfig(),
+        1234,
+        0.5,
+        args.items,
+        2048,
+    )
+    chosen = [s for s in samples if task_of(s) == "understand"][: args.items]
     prompts, truths = zip(*(_prompt(s, i) for i, s in enumerate(chosen)), strict=True)
-    said = [_decode(assets, o.ids) for o in generate_text(model, list(prompts), assets.tokens,
-                                                          TextSamplingConfig(gen_length=16, block_length=16, steps=8))]
+    said = [
+        _decode(assets, o.ids)
+        for o in generate_text(
+            model,
+            list(prompts),
+            assets.tokens,
+            TextSamplingConfig(gen_length=16, block_length=args.text_block, steps=args.text_block),
+        )
+    ]
     wanted = [_decode(assets, t.ids) for t in truths]
     out["caption/exact_match"] = sum(s == w for s, w in zip(said, wanted, strict=True)) / len(said)
-    out["caption/prefix_match"] = sum(s.split()[:len(w.split())] == w.split()
-                                      for s, w in zip(said, wanted, strict=True)) / len(said)
+    out["caption/prefix_match"] = sum(
+        s.split()[: len(w.split())] == w.split() for s, w in zip(said, wanted, strict=True)
+    ) / len(said)
     out["caption/distinct"] = len(Counter(said)) / len(said)
     out["caption/chance"] = max(Counter(wanted).values()) / len(wanted)
     if args.pics and args.t2i:
-        out.update(judge_t2i(model, assets, samples, Path(args.pics), args.t2i))
+        out.update(judge_t2i(model, assets, samples, Path(args.pics), args.t2i, args.cfg))
     print(json.dumps({k: round(v, 4) for k, v in out.items()}))
 
 
-def judge_t2i(model, assets, samples, pics: Path, count: int) -> dict[str, float]:
+def judge_t2i(model, assets, samples, pics: Path, count: int, cfg: float) -> dict[str, float]:
     sys.path.insert(0, str(Path(__file__).parent))
     import checker
 
-    meta = {m["file_name"]: m["label"] for m in map(json.loads, (pics / "metadata.jsonl").read_text().splitlines())}
+    meta = {
+        m["file_name"]: m["label"]
+        for m in map(json.loads, (pics / "metadata.jsonl").read_text().splitlines())
+    }
     held = [s for s in samples if task_of(s) == "t2i"][:count]
     held_files = {s.id.rsplit("#", 1)[0] for s in samples}
 
@@ -73,17 +101,28 @@ def judge_t2i(model, assets, samples, pics: Path, count: int) -> dict[str, float
         return np.asarray(Image.open(pics / name).convert("L"), dtype=np.float32)
 
     train = [n for n in meta if n not in held_files]
-    judge = checker.fit(torch.tensor(np.stack([grey(n) for n in train])), torch.tensor([meta[n] for n in train]))
+    cached = Path(f"{pics}.checker.pt")  # the judge depends on the pictures and the split only: fitted once
+    judge = checker.classifier(int(max(meta.values())) + 1)
+    if cached.is_file():
+        judge.load_state_dict(torch.load(cached))
+        judge.eval()
+    else:
+        judge = checker.fit(
+            torch.tensor(np.stack([grey(n) for n in train])), torch.tensor([meta[n] for n in train])
+        )
+        torch.save(judge.state_dict(), cached)
     files = [s.id.rsplit("#", 1)[0] for s in held]
     labels = torch.tensor([meta[f] for f in files])
     real = checker.predict(judge, torch.tensor(np.stack([grey(f) for f in files])))
     prompts = [_prompt(s, i)[0] for i, s in enumerate(held)]
-    images = generate_images(model, prompts, assets.tokens, ImageSamplingConfig(cfg_scale=0.0))
+    images = generate_images(model, prompts, assets.tokens, ImageSamplingConfig(cfg_scale=cfg))
     drawn = torch.stack([assets.image_tokenizer.decode(o.codes, o.grid)[0].mean(0) for o in images])
     made = checker.predict(judge, (drawn.clamp(-1, 1) + 1) * 127.5)
-    return {"t2i/judged_correct": float((made == labels).float().mean()),
-            "t2i/judge_on_real": float((real == labels).float().mean()),
-            "t2i/chance": float(torch.bincount(labels).max()) / len(labels)}
+    return {
+        "t2i/judged_correct": float((made == labels).float().mean()),
+        "t2i/judge_on_real": float((real == labels).float().mean()),
+        "t2i/chance": float(torch.bincount(labels).max()) / len(labels),
+    }
 
 
 if __name__ == "__main__":
