@@ -111,13 +111,6 @@ def main() -> None:
     parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES,
                         help="which paths to time (the ratios print where both sides ran)")
     args = parser.parse_args()
-    try:
-        from lumina.cli.heap import keep_freed_heap_memory
-    except ImportError:  # a lumina that predates the entry points' heap setting (run against an older commit)
-        heap = False
-    else:
-        heap = keep_freed_heap_memory()
-    print(f"glibc heap kept for reuse: {heap}")
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
