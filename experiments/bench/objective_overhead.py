@@ -55,8 +55,10 @@ def main() -> None:
     image_targets = batch.labels[0, num_text:num_text + num_image]
 
     def full_logits() -> None:
-        text = F.cross_entropy(output.text_logits.float(), text_targets, reduction="sum") / num_text
-        image = F.cross_entropy(output.image_logits.float().reshape(-1, K), image_targets.reshape(-1),
+        text_logits = output.heads.text_logits(output.text_states).float()
+        image_logits = output.heads.image_logits(output.image_states).float()
+        text = F.cross_entropy(text_logits, text_targets, reduction="sum") / num_text
+        image = F.cross_entropy(image_logits.reshape(-1, K), image_targets.reshape(-1),
                                 reduction="sum")
         (text + image / (num_image * C)).backward()
 

@@ -58,6 +58,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from lumina.distributed.plan import OFFICIAL_PLAN
     from lumina.distributed.sequence import SequenceShard, UlyssesAttention
     from lumina.model import LuminaConfig, LuminaModel
+    from lumina.model.checkpointing import apply_checkpointing
     from lumina.objective import LuminaObjective
 
     torch.set_num_threads(1)
@@ -68,6 +69,7 @@ def rank_main(args: argparse.Namespace) -> None:
     config = LuminaConfig.official(**fields)
     with torch.device("meta"):
         model = LuminaModel(config)
+    apply_checkpointing(model, config.gradient_checkpointing)
     torch.manual_seed(0)
     parallel = ParallelConfig(sp=sp)
     meshes = build_meshes(parallel.resolve(dist.get_world_size()), "cpu")

@@ -180,8 +180,9 @@ def pack_rows(batch: Any) -> dict[str, int] | None:
 
 
 def training_step(config_fields: dict[str, Any], batch: Any, seed: int = 0) -> Callable[[], None]:
-    """A LuminaModel of `LuminaConfig.official(**config_fields)` (fp32, built here) and a closure running one
-    step on `batch`: zero_grad (set to None), forward, `LuminaObjective`, backward, SGD step (no state)."""
+    """A LuminaModel of `LuminaConfig.official(**config_fields)` (fp32, built here, its checkpointing policy
+    applied) and a closure running one step on `batch`: zero_grad (set to None), forward, `LuminaObjective`,
+    backward, SGD step (no state)."""
     import torch
 
     from lumina.model import LuminaConfig, LuminaModel
@@ -189,6 +190,12 @@ def training_step(config_fields: dict[str, Any], batch: Any, seed: int = 0) -> C
 
     torch.manual_seed(seed)
     model = LuminaModel(LuminaConfig.official(**config_fields))
+    try:  # today's lumina applies the policy from outside the model; older ones in its constructor
+        from lumina.model.checkpointing import apply_checkpointing
+    except ImportError:
+        pass
+    else:
+        apply_checkpointing(model, model.config.gradient_checkpointing)
     objective = LuminaObjective()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
 

@@ -121,7 +121,7 @@ def _decode_block(model: nn.Module, states: list[_State], block_index: int, leng
             _dummy_step(model, tokens, device)
             continue
         query = rows[masked]
-        logits = model.text_head(model.backbone(batch)[0, query])
+        logits = model.heads().text_logits(model.backbone(batch)[0, query])
         counts = masked.sum(1).tolist()
         active = [i for i, n in enumerate(counts) if n]
         candidates, confidence = sample_tokens(
@@ -169,7 +169,7 @@ def _dummy_step(model: nn.Module, tokens: SpecialTokens, device: torch.device) -
     """The forwards of one step on a one-row dummy answer, for a rank with nothing left to decode."""
     seq, rows = _dummy_sequence(tokens, 1)
     batch = _pack([seq], tokens).to(device)
-    model.text_head(model.backbone(batch)[0, rows.to(device)])
+    model.heads().text_logits(model.backbone(batch)[0, rows.to(device)])
 
 
 def _dummy_block(model: nn.Module, length: int, tokens: SpecialTokens, config: TextSamplingConfig,

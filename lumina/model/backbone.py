@@ -8,12 +8,11 @@ import torch
 from torch import nn
 
 from lumina.attention import resolve_backend
-from lumina.model.checkpointing import Checkpointer, run_layer
 from lumina.model.config import LuminaConfig
 from lumina.model.decoder import DecoderLayer
 from lumina.model.layers import Embedding, Linear, RMSNorm
 from lumina.model.rotary import RotaryEmbedding
-from lumina.model.router import Router, Routing
+from lumina.model.router import Routing
 from lumina.model.supervision import is_image_code_row
 
 log = logging.getLogger(__name__)
@@ -36,8 +35,6 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dims, config.rope_theta)
-        self.checkpointer = Checkpointer(m for m in self.layers.modules() if isinstance(m, Router))
-        self.run_layer = run_layer  # how `decode` calls each layer; set by `apply_checkpointing`
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """codes int64 [N, C] -> per-codebook embeddings [N, C, H] (one call of each `img_embeddings[c]`)."""
@@ -86,9 +83,9 @@ class Backbone(nn.Module):
         h = embeds
         routings = []
         for layer in self.layers:
-            h, routing = self.run_layer(layer, h, cos, sin, spec)
+            h, routing = layer(h, cos, sin, spec)
             if routing is not None:
-                layer.mlp.record_load(routing.topk_ids)  # outside the checkpoint: counted once per step
+                layer.mlp.record_load(routing.topk_ids)  # outside a layer: counted once, even if it is recomputed
                 routings.append(routing)
         return self.norm(h), routings
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from lumina.model.config import LuminaConfig
 from lumina.model.layers import Linear, layer_norm
@@ -102,7 +101,6 @@ class MultiCodebookHead(nn.Module):
         std = config.initializer_range
         self.num_codebooks = config.num_codebooks
         self.std = std
-        self.checkpoint_rows = 0  # rows recomputed at a time in backward (0: none); see apply_checkpointing
         # own tensors first and initialised now: construction draws in `modules()` order, as `init_weights`
         # and a sharding strategy's unit-by-unit materialisation do
         self.channel_embed = nn.Parameter(torch.empty(1, config.num_codebooks, dim))
@@ -141,22 +139,10 @@ class MultiCodebookHead(nn.Module):
 
     def forward(self, h: torch.Tensor, code_embeds: torch.Tensor) -> torch.Tensor:
         """Teacher forcing. h [N, H] backbone states; code_embeds [N, C - 1, H] = img_embeddings[c](code c) for
-        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j].
-
-        self.checkpoint_rows > 0 (while autograd records; set by `apply_checkpointing`): the blocks run that
-        many rows at a time under
-        non-reentrant activation checkpointing, so only their inputs are kept and the backward recomputes one
-        chunk at a time (rows are independent; the head's activations are about C * depth * 20 * D floats
-        per row)."""
+        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j]. Rows are independent."""
         if code_embeds.shape[1] != self.num_codebooks - 1:
             raise ValueError(f"code_embeds has {code_embeds.shape[1]} codebooks, expected {self.num_codebooks - 1}")
-        cond = self.condition_proj(h)
-        num_rows = cond.shape[0]
-        rows = self.checkpoint_rows
-        if rows <= 0 or num_rows == 0 or not torch.is_grad_enabled():
-            return self.run(cond, code_embeds)
-        return torch.cat([checkpoint(self.run, cond[i:i + rows], code_embeds[i:i + rows], use_reentrant=False)
-                          for i in range(0, num_rows, rows)])
+        return self.run(self.condition_proj(h), code_embeds)
 
     @torch.no_grad()
     def sample(self, h: torch.Tensor, sample_fn: SampleFn, img_embeddings: nn.ModuleList,

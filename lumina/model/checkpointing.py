@@ -1,6 +1,6 @@
 """Activation checkpointing (`LuminaConfig.gradient_checkpointing`), applied to a built model from outside its
-layers' code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on
-recompute.
+code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on recompute. The
+model's own code is plain; the training build (`LuminaModule.configure_model`) applies the config's policy.
 
 A recompute could select other experts than the forward did (another kernel, bf16 reductions, an expert bias
 changed in between); the dispatch would then split tokens differently from the saved activations.
@@ -97,36 +97,45 @@ class Checkpointer:
             handle.remove()
 
 
-def run_layer(layer: nn.Module, *args: Any) -> Any:
-    """A decoder layer's plain call (policy none)."""
-    return layer(*args)
+class Checkpointed:
+    """A module's method replaced on its instance by `apply_checkpointing`: while autograd records, the
+    original `fn` under `checkpointer`, in chunks of `rows` along dim 0 of every argument when rows > 0 (the
+    rows must then be independent); otherwise the plain call."""
 
+    def __init__(self, fn: Callable[..., Any], checkpointer: Checkpointer, rows: int = 0) -> None:
+        self.fn, self.checkpointer, self.rows = fn, checkpointer, rows
 
-class _RunCheckpointed:
-    """A decoder layer's call under `checkpointer` while autograd records: the whole layer (full) or its FFN
-    sub-block (selective, the layer's `run_ffn` seam)."""
-
-    def __init__(self, checkpointer: Checkpointer, whole_layer: bool) -> None:
-        self.checkpointer, self.whole_layer = checkpointer, whole_layer
-
-    def __call__(self, layer: nn.Module, *args: Any) -> Any:
+    def __call__(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():
-            return layer(*args)
-        if self.whole_layer:
-            return self.checkpointer(layer, *args)
-        return layer(*args, run_ffn=self.checkpointer)
+            return self.fn(*args)
+        if self.rows <= 0:
+            return self.checkpointer(self.fn, *args)
+        num_rows, rows = args[0].shape[0], self.rows
+        if num_rows == 0:
+            return self.fn(*args)
+        return torch.cat([self.checkpointer(self.fn, *(a[i:i + rows] for a in args))
+                          for i in range(0, num_rows, rows)])
 
 
 def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:
-    """Apply `policy` (none | full | selective, or a legacy bool) to a built `LuminaModel`: how its backbone
-    runs each decoder layer (`Backbone.run_layer`) and how many image rows the channel head recomputes at a
-    time (`MultiCodebookHead.checkpoint_rows`, CHANNEL_CHECKPOINT_ROWS under full and selective). Applying
-    again replaces the previous policy. Returns the policy applied."""
+    """Apply `policy` (none | full | selective, or a legacy bool) to a built `LuminaModel` from outside its
+    code, by replacing methods on the module instances (names and state-dict keys stay as they are):
+      full       each decoder layer's `forward`;
+      selective  each decoder layer's `ffn` (post-attention RMSNorm + FFN / MoE sub-block);
+      both       the channel head's `run`, CHANNEL_CHECKPOINT_ROWS image rows at a time.
+    One `Checkpointer` on the model's routers replays their top-k on recompute. Applying again replaces the
+    previous policy. Returns the policy applied."""
     policy = checkpoint_policy(policy, "gradient_checkpointing")
-    backbone = model.model
+    layers, head = model.model.layers, model.multi_codebook_head
+    for module, name in [(layer, name) for layer in layers for name in ("forward", "ffn")] + [(head, "run")]:
+        previous = vars(module).pop(name, None)  # back to the class's method
+        if isinstance(previous, Checkpointed):
+            previous.checkpointer.remove()
     if policy == "none":
-        backbone.run_layer = run_layer
-    else:
-        backbone.run_layer = _RunCheckpointed(backbone.checkpointer, whole_layer=policy == "full")
-    model.multi_codebook_head.checkpoint_rows = 0 if policy == "none" else CHANNEL_CHECKPOINT_ROWS
+        return policy
+    checkpointer = Checkpointer(m for m in layers.modules() if isinstance(m, Router))
+    name = "forward" if policy == "full" else "ffn"
+    for layer in layers:
+        setattr(layer, name, Checkpointed(getattr(layer, name), checkpointer))
+    head.run = Checkpointed(head.run, checkpointer, rows=CHANNEL_CHECKPOINT_ROWS)
     return policy

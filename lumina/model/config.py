@@ -65,8 +65,8 @@ class LuminaConfig:
     Both full and selective also checkpoint the channel head, 128 image rows at a time: at about
     C * channel_depth * 20 * H floats per supervised image row it holds the most activations per row.
     Every router's top-k is replayed on recompute, so each policy gives the gradients of `none` exactly.
-    `LuminaModel` applies it when built (`lumina.model.checkpointing.apply_checkpointing`, which also changes
-    the policy of a built model).
+    The model's code does not read it: the training build (`LuminaModule.configure_model`) applies it with
+    `lumina.model.checkpointing.apply_checkpointing(model, policy)`, which any other builder can call too.
 
     router_init: the from-scratch init of each router's `gate.weight`: "kaiming_uniform" (nn.Linear's default,
     what the official code gets) or "normal" (N(0, initializer_range), as torchtitan and Megatron initialise

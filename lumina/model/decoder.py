@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -14,8 +12,6 @@ from lumina.model.layers import RMSNorm
 from lumina.model.mlp import SwiGLU
 from lumina.model.moe import MoE
 from lumina.model.router import Routing
-
-RunFFN = Callable[..., tuple[torch.Tensor, Routing | None]]  # (fn, h) -> fn(h), e.g. checkpointed
 
 
 class DecoderLayer(nn.Module):
@@ -34,12 +30,11 @@ class DecoderLayer(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, MoE)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: object,
-                run_ffn: RunFFN | None = None) -> tuple[torch.Tensor, Routing | None]:
-        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer). `run_ffn(self.ffn, h)` runs the
-        FFN sub-block in place of a plain call (the backbone's `selective` checkpointing)."""
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                spec: object) -> tuple[torch.Tensor, Routing | None]:
+        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer)."""
         h = h + self.attention(self.input_layernorm(h), cos, sin, spec)
-        ffn, routing = self.ffn(h) if run_ffn is None else run_ffn(self.ffn, h)
+        ffn, routing = self.ffn(h)
         return h + ffn, routing
 
     def ffn(self, h: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:

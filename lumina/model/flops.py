@@ -23,10 +23,14 @@ Convention (what `torch.utils.flop_counter.FlopCounterMode` counts, and what MFU
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch import nn
 
 from lumina.attention import build_spec
 from lumina.data.batch import PackedBatch
+from lumina.model.channel_head import ChannelAttention, MultiCodebookHead
 from lumina.model.config import LuminaConfig
 from lumina.model.supervision import PackRows
 
@@ -82,6 +86,36 @@ def batch_flops(config: LuminaConfig, batch: PackedBatch, backend: str) -> int:
     return training_flops(config, PackRows.of(batch), pack_attention_pairs(batch, backend))
 
 
+@dataclass(frozen=True)
+class ChannelHeadMACs:
+    """Multiply-adds of the channel head and the codebook heads per supervised image row."""
+
+    linears: int  # the channel head's linear layers
+    attention: int  # its C x C attention products (computed dense)
+    width: int  # D, the codebook heads' input width
+
+
+_CHANNEL_HEAD_MACS: dict[str, ChannelHeadMACs] = {}  # by repr(config)
+
+
+def channel_head_macs(config: LuminaConfig) -> ChannelHeadMACs:
+    """Read from the layers of a `MultiCodebookHead(config)` built on the meta device (cached per config):
+    `condition_proj` runs once per row, every other linear layer on each of the C positions, and each
+    `ChannelAttention` forms C x C scores and their weighted sum over its heads' width."""
+    key = repr(config)
+    if key not in _CHANNEL_HEAD_MACS:
+        with torch.device("meta"):
+            head = MultiCodebookHead(config)
+        positions, cond = config.num_codebooks, head.condition_proj
+        per_position = sum(m.in_features * m.out_features for m in head.modules()
+                           if isinstance(m, nn.Linear) and m is not cond)
+        attention = sum(2 * positions * positions * m.num_heads * m.head_dim
+                        for m in head.modules() if isinstance(m, ChannelAttention))
+        _CHANNEL_HEAD_MACS[key] = ChannelHeadMACs(cond.in_features * cond.out_features + positions * per_position,
+                                                  attention, cond.out_features)
+    return _CHANNEL_HEAD_MACS[key]
+
+
 def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str, int]:
     """Forward FLOPs of one pack of `rows` whose attention computes `pairs` (query, key) pairs per query head,
     by part: embed, attention (projections), attention_core (Q K^T and P V),
@@ -93,11 +127,7 @@ def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str,
     qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     dense_layers, moe_layers = c.first_k_dense_replace, c.num_moe_layers
     k = c.num_experts_per_tok
-    # channel head (width D = H) per supervised image row, C positions: condition_proj, then per block qkv, proj,
-    # the MLP and adaLN (6D) on every position, and the causal C x C attention (computed dense); the final adaLN
-    width, channels = hidden, c.num_codebooks
-    per_block = channels * width * width * (3 + 1 + 2 * c.channel_mlp_ratio + 6)
-    channel_per_row = hidden * width + c.channel_depth * per_block + channels * width * 2 * width
+    channel = channel_head_macs(config)
     parts = {
         "embed": rows.image_inputs * c.num_codebooks * hidden * hidden,
         "attention": c.num_hidden_layers * positions * hidden * (qkv_width + heads_width),
@@ -108,9 +138,9 @@ def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str,
         "shared_expert": moe_layers * positions * 3 * hidden * c.shared_expert_size,
         "combine": moe_layers * positions * k * hidden,
         "text_head": rows.text * hidden * c.vocab_size,
-        "channel_head": rows.image * channel_per_row,
-        "channel_attention": rows.image * c.channel_depth * 2 * channels * channels * width,
-        "image_heads": rows.image * c.num_codebooks * width * c.codebook_size,
+        "channel_head": rows.image * channel.linears,
+        "channel_attention": rows.image * channel.attention,
+        "image_heads": rows.image * c.num_codebooks * channel.width * c.codebook_size,
     }
     return {name: 2 * macs for name, macs in parts.items()}
 

@@ -1,5 +1,6 @@
-"""The output heads (`lm_head`, `lm_img_head.{c}`) and `LuminaHeads`, the handle a `LuminaOutput` uses to
-turn head inputs into logits (on demand) or into chunked, fused cross-entropies (training).
+"""The output heads (`lm_head`, `lm_img_head.{c}`) and `LuminaHeads`, the one way to use them
+(`LuminaModel.heads()`, `LuminaOutput.heads`): head inputs into logits (on demand: generation, evaluation) or
+into chunked, fused cross-entropies (training).
 
 A head's loss goes through the module's own call, `head(x, targets, row_weight)`, so forward hooks (FSDP2's
 unshard, the participation tracker) see it exactly as they see `head(x)`."""

@@ -11,7 +11,6 @@ from lumina.data.batch import PackedBatch
 from lumina.data.roles import IGNORE_INDEX, TokenType
 from lumina.model.backbone import Backbone
 from lumina.model.channel_head import MultiCodebookHead, SampleFn
-from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads
 from lumina.model.layers import check_finite
@@ -33,7 +32,6 @@ class LuminaModel(nn.Module):
             Head(config.hidden_size, config.codebook_size, std, chunk, check, "image logits")
             for _ in range(config.num_codebooks))
         self.multi_codebook_head = MultiCodebookHead(config)
-        apply_checkpointing(self, config.gradient_checkpointing)
 
     # ---- construction helpers ----
     @torch.no_grad()
@@ -89,16 +87,8 @@ class LuminaModel(nn.Module):
             moe.gate.pack_rows = (batch.window_start, batch.pack_len)
         return spec
 
-    def text_head(self, h_rows: torch.Tensor) -> torch.Tensor:
-        """h_rows [N, H] -> text logits [N, V]."""
-        return self.heads().text_logits(h_rows)
-
-    def image_head(self, h_rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing: h_rows [N, H], codes int64 [N, C] -> logits [N, C, K]."""
-        states = self.multi_codebook_head(h_rows, self.model.embed_codes(codes)[:, :-1])
-        return self.heads().image_logits(states)
-
     def heads(self) -> LuminaHeads:
+        """The one way to the output heads: logits on demand and the fused losses (also `LuminaOutput.heads`)."""
         return LuminaHeads(self.lm_head, self.lm_img_head)
 
     def sample_image_codes(self, h_rows: torch.Tensor, sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ from torch import nn
 from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import TokenType
-from lumina.model.heads import HeadLoss, LuminaHeads
+from lumina.model.heads import LuminaHeads
 from lumina.model.router import Router
 from lumina.objective.balance import balance_loss, expert_load
 from lumina.objective.config import ObjectiveConfig
@@ -34,15 +34,13 @@ from lumina.objective.result import ObjectiveResult
 class ModelOutput(Protocol):
     """The fields of `lumina.model.LuminaOutput` the objective reads."""
 
+    text_states: torch.Tensor  # [Nt, H]
     text_rows: torch.Tensor  # [Nt] flat b*S+s
+    image_states: torch.Tensor  # [Ni, C, D]
     image_rows: torch.Tensor  # [Ni]
-    heads: LuminaHeads  # vocab_size, codebook_size
+    heads: LuminaHeads  # the fused losses; vocab_size, codebook_size
     router_logits: list[torch.Tensor]  # per MoE layer [B, S, E]
     router_topk_ids: list[torch.Tensor]  # per MoE layer [B, S, k]
-
-    def text_loss(self, targets: torch.Tensor, row_weight: torch.Tensor) -> HeadLoss: ...
-
-    def image_loss(self, targets: torch.Tensor, row_weight: torch.Tensor) -> HeadLoss: ...
 
 
 class LuminaObjective(nn.Module):
@@ -103,8 +101,10 @@ class LuminaObjective(nn.Module):
         if inverse_t:
             text_weight = text_weight / batch.noise_t.reshape(-1)[text_rows].float()
         num_codebooks = targets.image.shape[1]
-        text = output.text_loss(targets.text, text_weight)  # sum(w(t) CE) / N_txt * world
-        image = output.image_loss(targets.image, (image_scale / num_codebooks).expand(targets.image.shape[0]))
+        heads = output.heads
+        text = heads.text_loss(output.text_states, targets.text, text_weight)  # sum(w(t) CE) / N_txt * world
+        image = heads.image_loss(output.image_states, targets.image,
+                                 (image_scale / num_codebooks).expand(targets.image.shape[0]))
         text_loss, image_loss = text.total, image.total
 
         load = expert_load(output.router_topk_ids, batch.token_valid, _num_experts(output))

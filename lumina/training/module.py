@@ -21,6 +21,7 @@ import torch
 from lumina.checkpoint.model_factory import build_model
 from lumina.data.batch import PackedBatch
 from lumina.model import LuminaModel
+from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.config import LuminaConfig
 from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
 from lumina.training.freeze import freeze_parameters
@@ -67,8 +68,10 @@ class LuminaModule(L.LightningModule):
 
     # ---- model ----
     def configure_model(self) -> None:
-        """Build the model once (a strategy may call this inside its sharding context). A strategy with
-        `materialises_model` gets it on the meta device and initialises / loads `init_from` itself."""
+        """Build the model once (a strategy may call this inside its sharding context) and apply its
+        activation-checkpointing policy (`model_config.gradient_checkpointing`). A strategy with
+        `materialises_model` gets it on the meta device, shards it afterwards and initialises / loads
+        `init_from` itself."""
         if self.model is not None:
             return
         strategy_inits = self._trainer is not None and getattr(self.trainer.strategy, "materialises_model", False)
@@ -78,6 +81,7 @@ class LuminaModule(L.LightningModule):
         else:
             model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
                                 device=self.device)
+        apply_checkpointing(model, self.model_config.gradient_checkpointing)
         self.frozen_names = freeze_parameters(model, self.freeze_globs)
         self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
         self.model = model

@@ -14,7 +14,8 @@ from lumina.model import LuminaModel
 
 def forward_outputs(model: LuminaModel, config) -> dict[str, torch.Tensor]:
     out = model(small_batch(config))
-    tensors = {"hidden": out.hidden, "text_logits": out.text_logits, "image_logits": out.image_logits,
+    tensors = {"hidden": out.hidden, "text_logits": out.heads.text_logits(out.text_states),
+               "image_logits": out.heads.image_logits(out.image_states),
                "text_rows": out.text_rows, "image_rows": out.image_rows}
     for i, (logits, ids) in enumerate(zip(out.router_logits, out.router_topk_ids, strict=True)):
         tensors[f"router_logits.{i}"], tensors[f"topk.{i}"] = logits, ids

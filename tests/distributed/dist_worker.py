@@ -38,7 +38,7 @@ from lumina.distributed import (
 from lumina.distributed.plan import OFFICIAL_PLAN
 from lumina.distributed.sequence import SequenceShard
 from lumina.model import LuminaModel
-from lumina.model.checkpointing import RoutingTape
+from lumina.model.checkpointing import RoutingTape, apply_checkpointing
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 OUT: Path = Path(".")
@@ -117,8 +117,13 @@ def parity_layout(name: str, **flags) -> None:
 
 def checkpointing(policy: str) -> None:
     """Activation checkpointing (`policy`) with the backbone's routing replay: same expert load and gradients
-    as without."""
-    model = sharded(fresh_model(gradient_checkpointing=policy))
+    as without. Built as `LuminaModule.configure_model` builds for a sharding strategy: on the meta device,
+    the policy applied, then sharded (and materialised unit by unit)."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = LuminaModel(tiny_config(gradient_checkpointing=policy))
+    apply_checkpointing(model, policy)
+    sharded(model)
     model.track_expert_load(True)
     batch = my_pack()
     replayed, take = [0], RoutingTape.take

@@ -159,7 +159,7 @@ def test_commits_are_the_most_confident_argmax_slots(tiny_model, tokens):
     for step in range(steps):
         before = seen[step].input_ids[0, -block:, 0]
         with torch.no_grad():
-            logits = tiny_model.text_head(tiny_model.backbone(seen[step])[0, -block:]).double()
+            logits = tiny_model.heads().text_logits(tiny_model.backbone(seen[step])[0, -block:]).double()
         best_p, best_id = torch.softmax(logits, dim=-1).max(dim=-1)
         masked = [i for i in range(block) if before[i] == tokens.text_mask]
         expected = before.clone()

@@ -55,8 +55,9 @@ def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model() -
     assert backend_calls() == {"segmented": auto.config.num_hidden_layers}
     with torch.no_grad():
         ref = explicit(batch)
-    for name in ("hidden", "text_logits", "image_logits"):
-        assert torch.equal(getattr(out, name), getattr(ref, name)), name
+    assert torch.equal(out.hidden, ref.hidden)
+    assert torch.equal(out.heads.text_logits(out.text_states), ref.heads.text_logits(ref.text_states))
+    assert torch.equal(out.heads.image_logits(out.image_states), ref.heads.image_logits(ref.image_states))
 
 
 @no_cuda

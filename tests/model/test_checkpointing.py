@@ -1,5 +1,6 @@
-"""Activation checkpointing policies (`LuminaConfig.gradient_checkpointing`): the loss and gradients of `none`
-bit for bit, the routers' top-k replayed on recompute, legacy bool values, and the bytes each policy saves."""
+"""Activation checkpointing policies (`LuminaConfig.gradient_checkpointing`), applied by `apply_checkpointing`
+or the training build (`LuminaModule.configure_model`): the loss and gradients of `none` bit for bit, the
+routers' top-k replayed on recompute, legacy bool values, and the bytes each policy saves."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from lumina.data.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
 from lumina.model.checkpointing import RoutingTape, apply_checkpointing
 from lumina.model.config import CHECKPOINT_POLICIES
+from lumina.model.router import Router
 from lumina.objective import LuminaObjective
+from lumina.training.module import LuminaModule
 
 CONF_MODELS = Path(__file__).resolve().parents[2] / "conf" / "model"
 RECOMPUTING = ("full", "selective")
@@ -33,7 +36,9 @@ class Step:
 
 def tiny_model(policy: str | bool) -> LuminaModel:
     torch.manual_seed(0)
-    return LuminaModel(LuminaConfig.tiny(gradient_checkpointing=policy))
+    model = LuminaModel(LuminaConfig.tiny(gradient_checkpointing=policy))
+    apply_checkpointing(model, model.config.gradient_checkpointing)
+    return model
 
 
 def train_step(policy: str, batch: PackedBatch, bias_after_forward: float = 0.0) -> Step:
@@ -123,9 +128,8 @@ def test_bad_policy_raises_naming_the_field_and_value(value: object) -> None:
         apply_checkpointing(model, value)
 
 
-def saved_bytes_per_token(policy: str, batch: PackedBatch) -> float:
+def saved_bytes_per_token(model: LuminaModel, batch: PackedBatch) -> float:
     """Bytes of the distinct non-parameter storages autograd saves in the backbone's forward, per token."""
-    model = tiny_model(policy)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -142,7 +146,7 @@ def saved_bytes_per_token(policy: str, batch: PackedBatch) -> float:
 
 def test_selective_saves_fewer_bytes_than_none_and_full_fewer_than_selective() -> None:
     batch = make_batch(MIXED_TYPES * 4)
-    none, full, selective = (saved_bytes_per_token(p, batch) for p in ("none", "full", "selective"))
+    none, full, selective = (saved_bytes_per_token(tiny_model(p), batch) for p in ("none", "full", "selective"))
     assert full < selective < 0.75 * none
 
 
@@ -170,3 +174,37 @@ def test_channel_head_recomputed_in_row_chunks_matches_none(policy: str, monkeyp
                                        msg=name)
         else:
             assert torch.equal(got.grads[name], grad), name
+
+
+def backward_replays(model: LuminaModel, batch: PackedBatch, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Router calls served from a routing tape in one forward + objective + backward of `model`."""
+    replays = count_replays(monkeypatch)
+    LuminaObjective()(model(batch), batch).loss.backward()
+    return replays[0]
+
+
+@pytest.mark.parametrize("policy", RECOMPUTING)
+def test_the_training_build_applies_the_configs_policy(policy: str, batch: PackedBatch,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    module = LuminaModule(LuminaConfig.tiny(gradient_checkpointing=policy))
+    module.configure_model()
+    assert backward_replays(module.model, batch, monkeypatch) == module.model.config.num_moe_layers
+
+
+def test_the_constructor_alone_checkpoints_nothing(batch: PackedBatch, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = LuminaModel(LuminaConfig.tiny(gradient_checkpointing="full"))
+    assert backward_replays(model, batch, monkeypatch) == 0
+    wide = make_batch(MIXED_TYPES * 4)
+    assert saved_bytes_per_token(model, wide) == saved_bytes_per_token(tiny_model("none"), wide)
+
+
+def test_applying_again_replaces_the_policy_and_keeps_the_official_keys(batch: PackedBatch,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("none")
+    keys = list(model.state_dict())
+    assert apply_checkpointing(model, "full") == "full"
+    assert list(model.state_dict()) == keys  # no wrapper modules, no renamed keys
+    assert apply_checkpointing(model, "none") == "none"
+    assert backward_replays(model, batch, monkeypatch) == 0
+    assert not any(router._forward_hooks for router in model.modules() if isinstance(router, Router))

@@ -17,7 +17,7 @@ def test_bf16_grouped_and_loop_backends_agree_on_cuda() -> None:
         torch.manual_seed(0)
         model = LuminaModel(LuminaConfig.tiny(moe_backend=backend)).cuda().to(torch.bfloat16)
         out = model(make_batch([1, 2, 2, 3, 3, 4, 4, 1]).to("cuda"))
-        out.text_logits.float().sum().backward()
+        out.heads.text_logits(out.text_states).float().sum().backward()
         outs.append((out.hidden.float(), model.model.layers[1].mlp.experts.gate_proj.grad.float()))
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

@@ -21,8 +21,8 @@ def test_output_rows_shapes_and_router_outputs(tiny_model: LuminaModel) -> None:
     assert out.hidden.shape == (1, len(TYPES), cfg.hidden_size)
     assert out.text_rows.tolist() == [4, 6, 11]
     assert out.image_rows.tolist() == [8, 10]
-    assert out.text_logits.shape == (3, cfg.vocab_size)
-    assert out.image_logits.shape == (2, cfg.num_codebooks, cfg.codebook_size)
+    assert out.heads.text_logits(out.text_states).shape == (3, cfg.vocab_size)
+    assert out.heads.image_logits(out.image_states).shape == (2, cfg.num_codebooks, cfg.codebook_size)
     assert len(out.router_logits) == len(out.router_topk_ids) == len(out.router_topk_weights) == 2
     for logits, ids, weights in zip(out.router_logits, out.router_topk_ids, out.router_topk_weights, strict=True):
         assert logits.shape == (1, len(TYPES), cfg.num_experts) and logits.dtype == torch.float32
@@ -37,9 +37,11 @@ def test_public_parts_reproduce_the_forward(tiny_model: LuminaModel) -> None:
     hidden = tiny_model.backbone(batch)
     torch.testing.assert_close(hidden, out.hidden)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    torch.testing.assert_close(tiny_model.text_head(flat[out.text_rows]), out.text_logits)
+    heads = tiny_model.heads()
+    torch.testing.assert_close(heads.text_logits(flat[out.text_rows]), heads.text_logits(out.text_states))
     codes = batch.labels.reshape(-1, batch.labels.shape[-1])[out.image_rows]
-    torch.testing.assert_close(tiny_model.image_head(flat[out.image_rows], codes), out.image_logits)
+    states = tiny_model.multi_codebook_head(flat[out.image_rows], tiny_model.model.embed_codes(codes)[:, :-1])
+    torch.testing.assert_close(heads.image_logits(states), heads.image_logits(out.image_states))
 
 
 def test_without_labels_rows_come_from_query_rows(tiny_model: LuminaModel) -> None:
@@ -47,8 +49,9 @@ def test_without_labels_rows_come_from_query_rows(tiny_model: LuminaModel) -> No
     out = tiny_model(batch)
     assert out.text_rows.tolist() == [0, 4, 12]
     assert out.image_rows.tolist() == [8, 9]
-    assert out.text_logits.shape == (3, tiny_model.config.vocab_size)
-    assert out.image_logits.shape == (0, tiny_model.config.num_codebooks, tiny_model.config.codebook_size)
+    assert out.heads.text_logits(out.text_states).shape == (3, tiny_model.config.vocab_size)
+    cfg = tiny_model.config
+    assert out.heads.image_logits(out.image_states).shape == (0, cfg.num_codebooks, cfg.codebook_size)
     everything = tiny_model(make_batch(TYPES, labelled=False))
     assert everything.text_rows.tolist() == [s for s, t in enumerate(TYPES) if t != 4]
 
@@ -57,7 +60,7 @@ def test_text_only_batch_with_one_id_column(tiny_model: LuminaModel) -> None:
     batch = make_batch([1, 1, 3, 3], labelled=False)
     batch.input_ids = batch.input_ids[..., :1]
     out = tiny_model(batch)
-    assert out.text_logits.shape == (4, tiny_model.config.vocab_size)
+    assert out.heads.text_logits(out.text_states).shape == (4, tiny_model.config.vocab_size)
     batch = make_batch([1, 2, 3, 3], labelled=False)
     batch.input_ids = batch.input_ids[..., :1]
     with pytest.raises(ValueError, match="input_ids has 1 columns"):

@@ -37,8 +37,8 @@ def test_tiny_model_matches_naive_reference() -> None:
     ref = reference_forward(sd, cfg, batch.input_ids[0], batch.type_ids[0], batch.position_ids[0].tolist(),
                             batch.labels[0])
     torch.testing.assert_close(out.hidden[0], ref["hidden"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.text_logits, ref["text_logits"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.image_logits, ref["image_logits"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.heads.text_logits(out.text_states), ref["text_logits"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.heads.image_logits(out.image_states), ref["image_logits"], rtol=1e-5, atol=1e-5)
     assert out.text_rows.tolist() == [5, 6, 7, 13]
     assert out.image_rows.tolist() == [9, 10, 11, 12]
     assert len(out.router_topk_ids) == len(ref["topk_ids"]) == cfg.num_moe_layers

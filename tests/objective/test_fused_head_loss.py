@@ -96,12 +96,13 @@ def _full_logits_objective(output, batch, config: ObjectiveConfig) -> torch.Tens
     """The objective's head terms as computed before the fused losses: full fp32 logits, F.cross_entropy."""
     labels = normalize_labels(batch.labels, batch.input_ids)
     targets = gather_targets(labels, output.text_rows, output.image_rows)
-    text_ce = F.cross_entropy(output.text_logits.float(), targets.text, reduction="none")
+    text_logits = output.heads.text_logits(output.text_states).float()
+    text_ce = F.cross_entropy(text_logits, targets.text, reduction="none")
     num_text = output.text_rows.numel()
     if config.text_weighting == "inverse_t":
         text_ce = text_ce / batch.noise_t.reshape(-1)[output.text_rows]
         num_text = int((batch.answer_mask & (batch.type_ids == 3)).sum())
-    image_logits = output.image_logits.float()
+    image_logits = output.heads.image_logits(output.image_states).float()
     image_ce = F.cross_entropy(image_logits.flatten(0, 1), targets.image.flatten(), reduction="none")
     image_ce = image_ce.view(targets.image.shape)
     text_loss = text_ce.sum() / max(num_text, 1)

@@ -97,5 +97,5 @@ class OfficialInterface(nn.Module):
         batch = collate_pack([seq], n, self.tokens.pad, ids.shape[1])
         hidden = self.lumina.backbone(batch)[0]
         if infer_mmu:
-            return self.lumina.text_head(hidden[(types == 3) & ~clean])
+            return self.lumina.heads().text_logits(hidden[(types == 3) & ~clean])
         return hidden[types == 4].unsqueeze(0)
