@@ -12,12 +12,12 @@ All are measured round-robin in one process so machine load hits them alike.
 Each candidate's step starts by setting its parameters' gradients to None, as `optimizer.zero_grad()` does.
 
 Measured 2026-12-02 after one routed-experts computation (one grouped SwiGLU for the local and the expert-parallel
-path, the CPU block path deleted, the entry points' glibc heap setting), against 7ebad05 with
+path, the CPU block path deleted, the backward reusing its buffers, glibc's defaults), against 7ebad05 with
 `against.py --ref 7ebad05 --script-here ... --candidates lumina --repeats 3`, medians of 5 interleaved processes
-each, on the 2-core CPU while other jobs kept its load average near 10 (the single runs spread 2-4x):
-  2 threads: 19.0 s vs 26.8 s per fwd+bwd (0.71x); 1 thread: 4.50 s vs 6.23 s (0.72x).
-  Quieter, 1 thread, CPU time of the layer (median of 5): before 1.13 s; after without the heap setting 1.47 s,
-  with it 0.95 s (the page faults of fresh [T*k, H] tensors were what the block path avoided).
+each, on the 2-core CPU while the host's load fell from ~9 to ~2 (single pairs spread 0.7-1.6x):
+  1 thread: 9.90 s vs 9.54 s per fwd+bwd (1.04x); 2 threads: 16.7 s vs 23.9 s (0.70x).
+  Keeping freed heap memory (M_MMAP_MAX=0) made the layer 0.81x, but the S = 16,384 step's peak RSS 1.2-1.3x
+  (experiments/memory.md).
 
 Measured 2026-12-01 after the fused local path (`LocalDispatcher.run_experts`: gather -> grouped SwiGLU ->
 weighted combine in one autograd Function that keeps no [T*k, H] tensor), 2 threads, median of 7:
@@ -111,13 +111,6 @@ def main() -> None:
     parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES,
                         help="which paths to time (the ratios print where both sides ran)")
     args = parser.parse_args()
-    try:
-        from lumina.cli.heap import keep_freed_heap_memory
-    except ImportError:  # a lumina that predates the entry points' heap setting (run against an older commit)
-        heap = False
-    else:
-        heap = keep_freed_heap_memory()
-    print(f"glibc heap kept for reuse: {heap}")
     dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)

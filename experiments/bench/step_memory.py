@@ -5,9 +5,7 @@
 builds a `LuminaConfig.official(...)` model (the memory benchmark's small configuration, with --config's
 fields on top) and one pack of the built-in world's text-QA and text-to-image samples (`world_pack`), then
 runs forward -> `LuminaObjective` -> backward -> SGD step under `measure_step`; it prints a JSON line with the
-baseline before the step (for a watchdog) and one with the whole record after it. The glibc heap setting of
-the entry points (`lumina.cli.heap`) is applied where the lumina measured has it; GLIBC_TUNABLES=... in the
-environment leaves glibc's defaults.
+baseline before the step (for a watchdog) and one with the whole record after it.
 `experiments/bench/memory.py --child` runs this file, and `tests/training/test_memory_estimate.py` checks
 `estimate_step_memory` against it.
 
@@ -221,12 +219,6 @@ def run_child(seq_len: int, config_fields: dict[str, Any], warm_steps: int = 0, 
 
     import lumina
 
-    try:
-        from lumina.cli.heap import keep_freed_heap_memory
-    except ImportError:  # an older lumina: glibc's defaults
-        heap_kept = False
-    else:
-        heap_kept = keep_freed_heap_memory()
     if threads:
         torch.set_num_threads(threads)
     fields = {**SMALL_CONFIG, **config_fields}
@@ -234,8 +226,7 @@ def run_child(seq_len: int, config_fields: dict[str, Any], warm_steps: int = 0, 
     step = training_step(fields, batch)
     measured = measure_step(step, warm_steps, announce_baseline)
     return {**asdict(measured), "rise_bytes": measured.rise_bytes, "rows": pack_rows(batch), "config": fields,
-            "lumina": str(Path(lumina.__file__).resolve().parent), "threads": torch.get_num_threads(),
-            "heap_kept": heap_kept}
+            "lumina": str(Path(lumina.__file__).resolve().parent), "threads": torch.get_num_threads()}
 
 
 def policy_fields(policy: str) -> dict[str, Any]:

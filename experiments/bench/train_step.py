@@ -72,7 +72,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from step_memory import SMALL_CONFIG, world_pack  # noqa: E402
 
-from lumina.cli.heap import keep_freed_heap_memory  # noqa: E402
 from lumina.model import LuminaConfig, LuminaModel  # noqa: E402
 from lumina.model.compile import apply_compile  # noqa: E402
 from lumina.model.flops import forward_flops, pack_attention_pairs, training_flops  # noqa: E402
@@ -145,7 +144,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check-flops", action="store_true", help="also count one step with FlopCounterMode")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of one step of each")
     args = parser.parse_args(argv)
-    print(f"glibc heap kept for reuse: {keep_freed_heap_memory()}", flush=True)
     torch.set_num_threads(args.threads)
 
     if args.shape == "learns_cpu":  # the tiny preset with conf/experiment/learns_cpu.yaml's model and task mix

@@ -16,11 +16,7 @@ def main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from lumina.cli.heap import keep_freed_heap_memory
     from lumina.data.fs import StoreError
-
-    keep_freed_heap_memory()
-
     from lumina.generation.run import run
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")

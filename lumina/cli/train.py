@@ -63,10 +63,6 @@ def main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from lumina.cli.heap import keep_freed_heap_memory
-
-    keep_freed_heap_memory()
-
     failures: list[BaseException] = []  # configuration errors of the jobs (one per job in a multirun)
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

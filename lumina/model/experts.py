@@ -47,7 +47,7 @@ def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-COMBINE_CHUNK_BYTES = 64 * 2**20  # the combine's gathered copies at a time (any device: bytes not held)
+COMBINE_CHUNK_BYTES = 16 * 2**20  # the combine's gathered copies at a time (any device: bytes not held)
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -85,11 +85,11 @@ def reference_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, d
     return torch.cat(outs, dim=0) if outs else rows.new_zeros(rows.shape)
 
 
-def _gather(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    """x [T, H] -> x[index] [N, H] (x itself, contiguous, when index is None)."""
+def _gather(x: torch.Tensor, index: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H] -> x[index] [N, H], into `out` when given (x itself, contiguous, when index is None)."""
     if index is None:
         return x if x.stride() == (x.shape[1], 1) else x.new_empty(x.shape).copy_(x)  # e.g. an expanded grad
-    return x.index_select(0, index)
+    return torch.index_select(x, 0, index, out=out)
 
 
 def _swiglu_forward(x: torch.Tensor, index: torch.Tensor | None, gate: torch.Tensor, up: torch.Tensor,
@@ -109,12 +109,13 @@ def _swiglu_backward(grad: torch.Tensor, x: torch.Tensor, index: torch.Tensor | 
                      row_weight: torch.Tensor | None = None) -> list[torch.Tensor | None]:
     """Gradients of (rows, row_weight, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y, scaled per row
     by row_weight [N, 1] when given, from grad[index] (or grad) [N, H], the gradient of the unscaled rows'
-    output. Overwrites g and u. Each H-wide gather (the rows' gradient, then the rows) is freed before the next.
+    output. Overwrites g and u. One H-wide buffer holds the rows' gradient, then the rows (gathered into it);
+    the hidden product's buffer then holds the gradient of silu(gate x): no fresh tensor for either.
 
     The row-weight gradient <grad_y, y_n> is taken as <down_e^T grad_y, hidden_n> (no y kept); row_weight is
     applied to the I-wide tensors, never to an H-wide one."""
     need_rows, need_w, need_gate, need_up, need_down = needs
-    grad_w = grad_gate = grad_up = grad_down = grad_rows = None
+    grad_w = grad_gate = grad_up = grad_down = grad_rows = hidden = None
     grad_y = _gather(grad, index)
     grad_hidden = torch._grouped_mm(grad_y, down, offs=offsets)  # [N, I]
     if need_w or need_down:
@@ -126,19 +127,19 @@ def _swiglu_backward(grad: torch.Tensor, x: torch.Tensor, index: torch.Tensor | 
             if row_weight is not None:
                 hidden.mul_(row_weight)
             grad_down = torch._grouped_mm(grad_y.t(), hidden, offs=offsets)  # [E, H, I]
-        del hidden
-    del grad_y
     if row_weight is not None:
         grad_hidden.mul_(row_weight)
-    grad_silu = grad_hidden * u
-    torch.mul(grad_hidden, F.silu(g), out=u)  # u: d/d(up x)
+    grad_silu = torch.mul(grad_hidden, u, out=hidden)  # into the hidden product's buffer where there is one
+    torch.ops.aten.silu.out(g, out=u)
+    u.mul_(grad_hidden)  # u: d/d(up x)
     torch.ops.aten.silu_backward.grad_input(grad_silu, g, grad_input=g)  # g: d/d(gate x)
-    del grad_silu, grad_hidden
+    del grad_silu, grad_hidden, hidden
     if need_gate or need_up:
-        rows = _gather(x, index)
+        rows = _gather(x, index, out=None if index is None else grad_y)  # grad_y is spent
         grad_gate = torch._grouped_mm(g.t(), rows, offs=offsets) if need_gate else None  # [E, I, H]
         grad_up = torch._grouped_mm(u.t(), rows, offs=offsets) if need_up else None
         del rows
+    del grad_y
     if need_rows:
         grad_rows = torch._grouped_mm(g, gate, offs=offsets)  # [N, H]
         grad_rows += torch._grouped_mm(u, up, offs=offsets)
