@@ -43,16 +43,35 @@ def font_files() -> list[str]:
 
 def _font(rng: np.random.Generator, fonts: list[str], size: int) -> ImageFont.FreeTypeFont:
     choice = int(rng.integers(len(fonts) + 1))
-    return ImageFont.load_default(size=size) if choice == len(fonts) else ImageFont.truetype(fonts[choice], size)
+    return (
+        ImageFont.load_default(size=size) if choice == len(fonts) else ImageFont.truetype(fonts[choice], size)
+    )
 
 
-def draw_glyph(label: int, size: int, rng: np.random.Generator, fonts: list[str]) -> Image.Image:
-    """A white digit on black at SUPERSAMPLE x `size` px (mode "L")."""
+def draw_glyph(
+    label: int, size: int, rng: np.random.Generator, fonts: list[str], scan: bool = False
+) -> Image.Image:
+    """A white digit on black at SUPERSAMPLE x `size` px (mode "L"): anywhere, 45-85% of the frame, tilt +-15
+    deg; or (scan) as a digitised form's box holds it: the glyph's ink scaled to 65-85% of the frame's height,
+    centred to +-1 px, tilt +-6 deg."""
     big = size * SUPERSAMPLE
-    font = _font(rng, fonts, int(big * rng.uniform(0.45, 0.85)))
+    font = _font(rng, fonts, int(big * (0.8 if scan else rng.uniform(0.45, 0.85))))
     layer = Image.new("L", (big, big), 0)
     draw = ImageDraw.Draw(layer)
     left, top, right, bottom = draw.textbbox((0, 0), str(label), font=font)
+    if scan:
+        glyph = Image.new("L", (right - left, bottom - top), 0)
+        ImageDraw.Draw(glyph).text((-left, -top), str(label), fill=255, font=font)
+        glyph = glyph.crop(glyph.getbbox())
+        scale = min(big * rng.uniform(0.65, 0.85) / glyph.height, big * 0.85 / glyph.width)
+        glyph = glyph.resize(
+            (max(1, round(glyph.width * scale)), max(1, round(glyph.height * scale))), Image.LANCZOS
+        )
+        jitter = rng.uniform(-SUPERSAMPLE, SUPERSAMPLE, 2)
+        layer.paste(
+            glyph, (round((big - glyph.width) / 2 + jitter[0]), round((big - glyph.height) / 2 + jitter[1]))
+        )
+        return layer.rotate(float(rng.uniform(-6, 6)), resample=Image.BICUBIC)
     x = rng.uniform(0, max(big - (right - left), 1)) - left
     y = rng.uniform(0, max(big - (bottom - top), 1)) - top
     draw.text((x, y), str(label), fill=255, font=font)
@@ -68,13 +87,18 @@ def _polygon(cx: float, cy: float, r: float, n: int, turn: float, inner: float |
     return points
 
 
-def draw_shape(label: int, size: int, rng: np.random.Generator) -> Image.Image:
-    """A white shape on black at SUPERSAMPLE x `size` px (mode "L")."""
+def draw_shape(label: int, size: int, rng: np.random.Generator, scan: bool = False) -> Image.Image:
+    """A white shape on black at SUPERSAMPLE x `size` px (mode "L"): radius 20-40% of the frame, anywhere; or
+    (scan) radius 30-42%, centred to +-1 px."""
     big = size * SUPERSAMPLE
     layer = Image.new("L", (big, big), 0)
     draw = ImageDraw.Draw(layer)
-    r = big * rng.uniform(0.2, 0.4)
-    cx, cy = (rng.uniform(r, big - r) for _ in range(2))
+    if scan:
+        r = big * rng.uniform(0.3, 0.42)
+        cx, cy = big / 2 + rng.uniform(-SUPERSAMPLE, SUPERSAMPLE, 2)
+    else:
+        r = big * rng.uniform(0.2, 0.4)
+        cx, cy = (rng.uniform(r, big - r) for _ in range(2))
     turn = float(rng.uniform(0, 2 * math.pi))
     width = int(big * rng.uniform(0.04, 0.1))
     filled = bool(rng.random() < 0.5)
@@ -85,8 +109,12 @@ def draw_shape(label: int, size: int, rng: np.random.Generator) -> Image.Image:
     elif name == "ring":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=255, width=max(width * 2, int(r * 0.35)))
     elif name in ("square", "triangle", "diamond", "hexagon"):
-        n, turn = {"square": (4, turn), "triangle": (3, turn), "diamond": (4, math.pi / 2),
-                   "hexagon": (6, turn)}[name]
+        n, turn = {
+            "square": (4, turn),
+            "triangle": (3, turn),
+            "diamond": (4, math.pi / 2),
+            "hexagon": (6, turn),
+        }[name]
         r = r * (0.8 if name == "diamond" else 1.0)
         points = _polygon(cx, cy, r, n, turn)
         if name == "diamond":  # a rhombus: squashed across its vertical axis
@@ -124,8 +152,15 @@ def finish(layer: Image.Image, size: int, rng: np.random.Generator, clean: bool 
     return Image.fromarray(np.clip(picture, 0, 255).round().astype(np.uint8), mode="L")
 
 
-def write_dataset(kind: str, out: str | Path, count: int, size: int = 32, seed: int = 0,
-                  clean: bool = False) -> list[dict]:
+def write_dataset(
+    kind: str,
+    out: str | Path,
+    count: int,
+    size: int = 32,
+    seed: int = 0,
+    clean: bool = False,
+    scan: bool = False,
+) -> list[dict]:
     """Write `count` pictures of `kind` (balanced over its ten classes) as an imagefolder under `out`."""
     if kind not in CLASSES:
         raise ValueError(f"kind={kind!r}: expected one of {sorted(CLASSES)}")
@@ -136,7 +171,11 @@ def write_dataset(kind: str, out: str | Path, count: int, size: int = 32, seed: 
     lines = []
     for i in range(count):
         label = i % len(CLASSES[kind])
-        layer = draw_glyph(label, size, rng, fonts) if kind == "glyphs" else draw_shape(label, size, rng)
+        layer = (
+            draw_glyph(label, size, rng, fonts, scan)
+            if kind == "glyphs"
+            else draw_shape(label, size, rng, scan)
+        )
         name = CLASSES[kind][label]
         file_name = f"{name}/{i:05d}.png"
         (out / name).mkdir(parents=True, exist_ok=True)
@@ -153,9 +192,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=900)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--clean", action="store_true", help="white ink on black, no noise (an easier variant)")
+    parser.add_argument(
+        "--clean", action="store_true", help="white ink on black, no noise (an easier variant)"
+    )
+    parser.add_argument(
+        "--scan", action="store_true", help="centred and size-normalised, as scanned forms are"
+    )
     args = parser.parse_args(argv)
-    lines = write_dataset(args.kind, args.out, args.count, args.size, args.seed, args.clean)
+    lines = write_dataset(args.kind, args.out, args.count, args.size, args.seed, args.clean, args.scan)
     print(f"{len(lines)} pictures of {args.kind} in {args.out}")
 
 

@@ -40,3 +40,29 @@ def test_every_glyph_font_draws_every_digit():
             layer = Image.new("L", (64, 64), 0)
             ImageDraw.Draw(layer).text((4, 4), str(digit), fill=255, font=font)
             assert np.asarray(layer).max() == 255, (font.path if hasattr(font, "path") else font, digit)
+
+
+@pytest.mark.parametrize("kind", ["glyphs", "shapes"])
+def test_scan_layout_centres_and_sizes_the_drawing(kind, tmp_path):
+    """--scan: the drawing is centred to about a pixel (a glyph's ink box; a shape's box is centred on the shape's
+    centre, not its ink, for a triangle or a crescent, hence the median) and a glyph fills 55-90% of the frame's
+    height, as a scanned form's box holds a character; the free layout puts it anywhere."""
+    size = 32
+
+    def ink_boxes(scan: bool, out: Path) -> np.ndarray:
+        lines = drawn.write_dataset(kind, out, count=30, size=size, seed=3, clean=True, scan=scan)
+        boxes = []
+        for line in lines:
+            ys, xs = np.nonzero(np.asarray(Image.open(out / line["file_name"])) > 64)
+            boxes.append((xs.min(), ys.min(), xs.max() + 1, ys.max() + 1))
+        return np.array(boxes, dtype=np.float64)
+
+    scan = ink_boxes(True, tmp_path / "scan")
+    off_centre = np.abs((scan[:, :2] + scan[:, 2:]) / 2 - size / 2).max(axis=1)
+    assert np.median(off_centre) <= 1.0, off_centre
+    if kind == "glyphs":
+        assert off_centre.max() <= 2.5, off_centre
+        heights = (scan[:, 3] - scan[:, 1]) / size
+        assert heights.min() >= 0.55 and heights.max() <= 0.9, heights
+    free = ink_boxes(False, tmp_path / "free")
+    assert np.median(np.abs((free[:, :2] + free[:, 2:]) / 2 - size / 2).max(axis=1)) > 3.0
