@@ -46,7 +46,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cfg", type=float, default=0.0, help="T2I classifier-free guidance scale (0: unguided)"
     )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="T2I sampling temperature (0: argmax, no re-mask noise)",
+    )
+    parser.add_argument("--image-steps", type=int, default=96, help="T2I denoising steps")
     args = parser.parse_args(argv)
+    torch.set_flush_denormal(True)  # long-trained weights hold denormals that slow CPU sampling ~2x and more
     model = load_model(f"{args.run}/hf")
     assets = load_assets(f"{args.run}/hf", "auto", model.config)
     dataset = held_out_dataset(args.data, assets)
@@ -82,11 +90,24 @@ def main(argv: list[str] | None = None) -> None:
     out["caption/distinct"] = len(Counter(said)) / len(said)
     out["caption/chance"] = max(Counter(wanted).values()) / len(wanted)
     if args.pics and args.t2i:
-        out.update(judge_t2i(model, assets, samples, Path(args.pics), args.t2i, args.cfg))
+        out.update(
+            judge_t2i(
+                model,
+                assets,
+                samples,
+                Path(args.pics),
+                args.t2i,
+                args.cfg,
+                args.temperature,
+                args.image_steps,
+            )
+        )
     print(json.dumps({k: round(v, 4) for k, v in out.items()}))
 
 
-def judge_t2i(model, assets, samples, pics: Path, count: int, cfg: float) -> dict[str, float]:
+def judge_t2i(
+    model, assets, samples, pics: Path, count: int, cfg: float, temperature: float, steps: int
+) -> dict[str, float]:
     sys.path.insert(0, str(Path(__file__).parent))
     import checker
 
@@ -115,7 +136,12 @@ def judge_t2i(model, assets, samples, pics: Path, count: int, cfg: float) -> dic
     labels = torch.tensor([meta[f] for f in files])
     real = checker.predict(judge, torch.tensor(np.stack([grey(f) for f in files])))
     prompts = [_prompt(s, i)[0] for i, s in enumerate(held)]
-    images = generate_images(model, prompts, assets.tokens, ImageSamplingConfig(cfg_scale=cfg))
+    images = generate_images(
+        model,
+        prompts,
+        assets.tokens,
+        ImageSamplingConfig(cfg_scale=cfg, temperature=temperature, steps=steps),
+    )
     drawn = torch.stack([assets.image_tokenizer.decode(o.codes, o.grid)[0].mean(0) for o in images])
     made = checker.predict(judge, (drawn.clamp(-1, 1) + 1) * 127.5)
     return {
