@@ -90,23 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     out["caption/distinct"] = len(Counter(said)) / len(said)
     out["caption/chance"] = max(Counter(wanted).values()) / len(wanted)
     if args.pics and args.t2i:
-        out.update(
-            judge_t2i(
-                model,
-                assets,
-                samples,
-                Path(args.pics),
-                args.t2i,
-                args.cfg,
-                args.temperature,
-                args.image_steps,
-            )
+        sampling = ImageSamplingConfig(
+            cfg_scale=args.cfg, temperature=args.temperature, steps=args.image_steps
         )
+        out.update(judge_t2i(model, assets, samples, Path(args.pics), args.t2i, sampling))
     print(json.dumps({k: round(v, 4) for k, v in out.items()}))
 
 
 def judge_t2i(
-    model, assets, samples, pics: Path, count: int, cfg: float, temperature: float, steps: int
+    model, assets, samples, pics: Path, count: int, sampling: ImageSamplingConfig
 ) -> dict[str, float]:
     sys.path.insert(0, str(Path(__file__).parent))
     import checker
@@ -140,7 +132,7 @@ def judge_t2i(
         model,
         prompts,
         assets.tokens,
-        ImageSamplingConfig(cfg_scale=cfg, temperature=temperature, steps=steps),
+        sampling,
     )
     drawn = torch.stack([assets.image_tokenizer.decode(o.codes, o.grid)[0].mean(0) for o in images])
     made = checker.predict(judge, (drawn.clamp(-1, 1) + 1) * 127.5)
