@@ -161,7 +161,8 @@ def test_conf_models_name_a_policy() -> None:
 @pytest.mark.parametrize("policy", RECOMPUTING)
 def test_channel_head_recomputed_in_row_chunks_matches_none(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With chunks of 3 image rows (the pack has 4 supervised image rows: two chunks), the channel head's
-    parameter gradients are sums over chunks: equal to `none` to fp32 rounding; the rest stays bitwise."""
+    parameter gradients are sums over chunks, and the backbone's gradients follow from the chunked head's
+    input gradients: all equal to `none` to fp32 rounding (bitwise on some CPUs' kernels, not on all)."""
     import lumina.model.checkpointing as checkpointing
 
     monkeypatch.setattr(checkpointing, "CHANNEL_CHECKPOINT_ROWS", 3)
@@ -169,11 +170,8 @@ def test_channel_head_recomputed_in_row_chunks_matches_none(policy: str, monkeyp
     got, want = train_step(policy, batch), train_step("none", batch)
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-6, atol=0)
     for name, grad in want.grads.items():
-        if name.startswith("multi_codebook_head."):
-            torch.testing.assert_close(got.grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()) + 1e-9,
-                                       msg=name)
-        else:
-            assert torch.equal(got.grads[name], grad), name
+        torch.testing.assert_close(got.grads[name], grad, rtol=1e-5, atol=1e-5 * float(grad.abs().max()) + 1e-9,
+                                   msg=name)
 
 
 def backward_replays(model: LuminaModel, batch: PackedBatch, monkeypatch: pytest.MonkeyPatch) -> int:
