@@ -2,15 +2,20 @@
 
 Pictures are made polarity-free first (|pixel - median| / std: light-on-dark and dark-on-light read alike),
 then a small CNN (three 3 x 3 conv layers, 32 / 64 / 128 channels, max-pooling, global average pooling, a
-linear layer) is fitted with AdamW for `epochs` passes, seeded, each batch shifted by up to `shift` px and
-rotated by up to 10 degrees (augmentation: a few hundred pictures are too few to learn position invariance). It never sees a generated picture; `fit` reports its accuracy on the real held-out
-pictures, the ceiling for a T2I score.
+linear layer) is fitted with AdamW for `steps` batches of 64, seeded, each batch shifted by up to `shift` px
+and rotated by up to 10 degrees (augmentation: a few hundred pictures are too few to learn position
+invariance). It never sees a generated picture; its accuracy on the real held-out pictures is the ceiling
+for a T2I score.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
+
+STEPS = 6000  # batches of 64 (~85 passes over 4.5k pictures); 568 (8 passes) read real shapes at 0.84
 
 
 def normalise(pictures: torch.Tensor) -> torch.Tensor:
@@ -57,25 +62,23 @@ def fit(
     pictures: torch.Tensor,
     labels: torch.Tensor,
     num_classes: int = 10,
-    epochs: int | None = None,
+    steps: int = STEPS,
     seed: int = 0,
     shift: int = 4,
 ) -> nn.Module:
-    """pictures [N, H, W], labels [N] -> the fitted classifier (eval mode). epochs: None = about 32k pictures
-    seen (40 passes over 800, 8 over 4k and more)."""
-    epochs = epochs or max(8, min(40, round(32_000 / len(pictures))))
+    """pictures [N, H, W], labels [N] -> the fitted classifier (eval mode), after `steps` batches of 64."""
     torch.manual_seed(seed)
     model = classifier(num_classes)
     x = normalise(pictures)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=epochs * -(-len(x) // 64))
-    for _ in range(epochs):
-        for batch in torch.randperm(len(x)).split(64):
-            loss = nn.functional.cross_entropy(model(augment(x[batch], shift)), labels[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=steps)
+    batches = (b for _ in itertools.count() for b in torch.randperm(len(x)).split(64))  # endless passes
+    for batch in itertools.islice(batches, steps):
+        loss = nn.functional.cross_entropy(model(augment(x[batch], shift)), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
     return model.eval()
 
 
