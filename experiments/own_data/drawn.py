@@ -1,10 +1,12 @@
 """Drawn datasets for the own-data recipe: small greyscale pictures as a Hugging Face imagefolder.
 
-Two kinds, ten classes each, whose captions share one template and differ only in the class word:
+Three kinds, ten classes each, whose captions share one template and differ only in the class word:
     glyphs  a digit (0-9) in one of the DejaVu fonts matplotlib bundles or PIL's default font, at a random
             size, position and tilt                                     "the digit seven"
     shapes  a geometric shape (circle, square, ...), filled or outlined, at a random size, position, stroke
             and rotation                                                "a drawing of a star"
+    figures ten other outlines (pentagon, octagon, ellipse, heart, arrow, ...), drawn as the shapes are
+                                                                        "a picture of a heart"
 Every picture gets a random background and ink grey level, a few distractor specks and Gaussian pixel noise,
 so no two pictures of a class are alike and the class is only readable from the drawing. Generation is
 seeded: the same (kind, count, size, seed) writes the same files.
@@ -25,8 +27,20 @@ from PIL import Image, ImageDraw, ImageFont
 
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SHAPES = ("circle", "square", "triangle", "diamond", "plus", "ring", "star", "hexagon", "bar", "crescent")
-CLASSES = {"glyphs": DIGITS, "shapes": SHAPES}
-TEMPLATES = {"glyphs": "the digit {}", "shapes": "a drawing of a {}"}
+FIGURES = (
+    "pentagon",
+    "octagon",
+    "ellipse",
+    "semicircle",
+    "heart",
+    "arrow",
+    "trapezoid",
+    "frame",
+    "corner",
+    "fan",
+)
+CLASSES = {"glyphs": DIGITS, "shapes": SHAPES, "figures": FIGURES}
+TEMPLATES = {"glyphs": "the digit {}", "shapes": "a drawing of a {}", "figures": "a picture of a {}"}
 SUPERSAMPLE = 4  # drawn at 4x, then reduced with LANCZOS (anti-aliased edges, as a scan has)
 
 
@@ -87,9 +101,42 @@ def _polygon(cx: float, cy: float, r: float, n: int, turn: float, inner: float |
     return points
 
 
-def draw_shape(label: int, size: int, rng: np.random.Generator, scan: bool = False) -> Image.Image:
-    """A white shape on black at SUPERSAMPLE x `size` px (mode "L"): radius 20-40% of the frame, anywhere; or
-    (scan) radius 30-42%, centred to +-1 px."""
+def _placed(unit: list[tuple[float, float]], cx: float, cy: float, r: float, turn: float) -> list[tuple]:
+    """Points given in units of the radius, turned by `turn` and placed at (cx, cy)."""
+    c, s = math.cos(turn), math.sin(turn)
+    return [(cx + r * (c * x - s * y), cy + r * (s * x + c * y)) for x, y in unit]
+
+
+def _arc(
+    start: float, stop: float, n: int = 24, sx: float = 1.0, sy: float = 1.0
+) -> list[tuple[float, float]]:
+    return [(sx * math.cos(a), sy * math.sin(a)) for a in np.linspace(start, stop, n)]
+
+
+def _heart() -> list[tuple[float, float]]:
+    t = np.linspace(0, 2 * math.pi, 48, endpoint=False)
+    x = 16 * np.sin(t) ** 3
+    y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t)) - 2.5
+    return [(float(a) / 16, float(b) / 16) for a, b in zip(x, y, strict=True)]
+
+
+# the figures' outlines in units of the radius, centred on the origin before they are turned
+FIGURE_OUTLINES = {
+    "pentagon": lambda: _polygon(0, 0, 1, 5, 0),
+    "octagon": lambda: _polygon(0, 0, 1, 8, 0),
+    "ellipse": lambda: _arc(0, 2 * math.pi, 48, 1.0, 0.55),
+    "semicircle": lambda: [(x, y - 0.42) for x, y in _arc(0, math.pi, 24)],
+    "heart": _heart,
+    "arrow": lambda: [(-1, -0.2), (0.15, -0.2), (0.15, -0.6), (1, 0), (0.15, 0.6), (0.15, 0.2), (-1, 0.2)],
+    "trapezoid": lambda: [(-1, 0.6), (1, 0.6), (0.4, -0.6), (-0.4, -0.6)],
+    "corner": lambda: [(-0.8, -0.8), (-0.3, -0.8), (-0.3, 0.3), (0.8, 0.3), (0.8, 0.8), (-0.8, 0.8)],
+    "fan": lambda: [(-0.6, -0.6)] + [(x * 1.6 - 0.6, y * 1.6 - 0.6) for x, y in _arc(0, math.pi / 2, 16)],
+}
+
+
+def draw_shape(name: str, size: int, rng: np.random.Generator, scan: bool = False) -> Image.Image:
+    """A white shape or figure (`name` from SHAPES or FIGURES) on black at SUPERSAMPLE x `size` px (mode "L"):
+    radius 20-40% of the frame, anywhere; or (scan) radius 30-42%, centred to +-1 px."""
     big = size * SUPERSAMPLE
     layer = Image.new("L", (big, big), 0)
     draw = ImageDraw.Draw(layer)
@@ -103,11 +150,17 @@ def draw_shape(label: int, size: int, rng: np.random.Generator, scan: bool = Fal
     width = int(big * rng.uniform(0.04, 0.1))
     filled = bool(rng.random() < 0.5)
     fill, outline = (255, None) if filled else (None, 255)
-    name = SHAPES[label]
     if name == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill, outline=outline, width=width)
     elif name == "ring":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), outline=255, width=max(width * 2, int(r * 0.35)))
+    elif name == "frame":  # a square ring
+        square = _placed([(-0.8, -0.8), (0.8, -0.8), (0.8, 0.8), (-0.8, 0.8)], cx, cy, r, turn)
+        draw.polygon(square, outline=255, width=max(width * 2, int(r * 0.3)))
+    elif name in FIGURE_OUTLINES:
+        draw.polygon(
+            _placed(FIGURE_OUTLINES[name](), cx, cy, r, turn), fill=fill, outline=outline, width=width
+        )
     elif name in ("square", "triangle", "diamond", "hexagon"):
         n, turn = {
             "square": (4, turn),
@@ -128,10 +181,12 @@ def draw_shape(label: int, size: int, rng: np.random.Generator, scan: bool = Fal
         draw.line(_polygon(cx, cy, r, 2, turn + math.pi / 2), fill=255, width=arm)
     elif name == "bar":
         draw.line(_polygon(cx, cy, r, 2, turn), fill=255, width=max(width * 2, int(r * 0.3)))
-    else:  # crescent: a disc with an offset disc cut out
+    elif name == "crescent":  # a disc with an offset disc cut out
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=255)
         dx, dy = 0.5 * r * math.cos(turn), 0.5 * r * math.sin(turn)
         draw.ellipse((cx + dx - r, cy + dy - r, cx + dx + r, cy + dy + r), fill=0)
+    else:
+        raise ValueError(f"name={name!r}: not one of SHAPES or FIGURES")
     return layer
 
 
@@ -174,7 +229,7 @@ def write_dataset(
         layer = (
             draw_glyph(label, size, rng, fonts, scan)
             if kind == "glyphs"
-            else draw_shape(label, size, rng, scan)
+            else draw_shape(CLASSES[kind][label], size, rng, scan)
         )
         name = CLASSES[kind][label]
         file_name = f"{name}/{i:05d}.png"

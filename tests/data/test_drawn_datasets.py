@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "experiments" / "own_data"))
 import drawn  # noqa: E402
 
 
-@pytest.mark.parametrize("kind", ["glyphs", "shapes"])
+@pytest.mark.parametrize("kind", ["glyphs", "shapes", "figures"])
 def test_a_drawn_dataset_is_seeded_balanced_and_one_template(kind, tmp_path):
     lines = drawn.write_dataset(kind, tmp_path / "a", count=40, size=24, seed=5)
     again = drawn.write_dataset(kind, tmp_path / "b", count=40, size=24, seed=5)
@@ -42,7 +42,7 @@ def test_every_glyph_font_draws_every_digit():
             assert np.asarray(layer).max() == 255, (font.path if hasattr(font, "path") else font, digit)
 
 
-@pytest.mark.parametrize("kind", ["glyphs", "shapes"])
+@pytest.mark.parametrize("kind", ["glyphs", "shapes", "figures"])
 def test_scan_layout_centres_and_sizes_the_drawing(kind, tmp_path):
     """--scan: the drawing is centred to about a pixel (a glyph's ink box; a shape's box is centred on the shape's
     centre, not its ink, for a triangle or a crescent, hence the median) and a glyph fills 55-90% of the frame's
