@@ -1,7 +1,7 @@
 """Score one own-data training run on its dataset's held-out split (the A/B figures of experiments/own_data.md).
 
     python experiments/own_data/ab_eval.py RUN_DIR DATA_DIR [--items 90] [--text-block 16] [--pics PICS --t2i 90
-        --cfg 0 --temperature 1 --image-steps 96 --judge-steps 6000]
+        --cfg 0 --temperature 1 --image-steps 96 --judge-steps 6000] [--device cpu]
 prints one JSON line: per task the held-out loss, answer-token accuracy and the image-ignoring baseline
 (`lumina.training.conditioning`), caption exact match over --items held-out pictures, prefix match (the answer starts with the true caption:
 right, but not stopped), and the share of
@@ -57,15 +57,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--judge-steps", type=int, default=None, help="the judge's fitting batches (checker.STEPS)"
     )
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     args = parser.parse_args(argv)
     torch.set_flush_denormal(True)  # 5000-step weights hold denormals: CPU sampling 2.4x slower without
-    model = load_model(f"{args.run}/hf")
+    model = load_model(f"{args.run}/hf", device=args.device)
     assets = load_assets(f"{args.run}/hf", "auto", model.config)
     dataset = held_out_dataset(args.data, assets)
     samples = [dataset[i] for i in range(len(dataset))]
     out = conditioning_scores(
         model,
-        LuminaObjective().eval(),
+        LuminaObjective().to(args.device).eval(),
         samples,
         dataset.tokens,
         model.config.num_codebooks,
