@@ -134,9 +134,12 @@ FIGURE_OUTLINES = {
 }
 
 
-def draw_shape(name: str, size: int, rng: np.random.Generator, scan: bool = False) -> Image.Image:
+def draw_shape(
+    name: str, size: int, rng: np.random.Generator, scan: bool = False, upright: bool = False
+) -> Image.Image:
     """A white shape or figure (`name` from SHAPES or FIGURES) on black at SUPERSAMPLE x `size` px (mode "L"):
-    radius 20-40% of the frame, anywhere; or (scan) radius 30-42%, centred to +-1 px."""
+    radius 20-40% of the frame, anywhere; or (scan) radius 30-42%, centred to +-1 px. Turned at random, or
+    (upright) never: every drawing of a class in one pose (the same random draws otherwise)."""
     big = size * SUPERSAMPLE
     layer = Image.new("L", (big, big), 0)
     draw = ImageDraw.Draw(layer)
@@ -146,7 +149,7 @@ def draw_shape(name: str, size: int, rng: np.random.Generator, scan: bool = Fals
     else:
         r = big * rng.uniform(0.2, 0.4)
         cx, cy = (rng.uniform(r, big - r) for _ in range(2))
-    turn = float(rng.uniform(0, 2 * math.pi))
+    turn = float(rng.uniform(0, 2 * math.pi)) * (0.0 if upright else 1.0)
     width = int(big * rng.uniform(0.04, 0.1))
     filled = bool(rng.random() < 0.5)
     fill, outline = (255, None) if filled else (None, 255)
@@ -215,6 +218,7 @@ def write_dataset(
     seed: int = 0,
     clean: bool = False,
     scan: bool = False,
+    upright: bool = False,
 ) -> list[dict]:
     """Write `count` pictures of `kind` (balanced over its ten classes) as an imagefolder under `out`."""
     if kind not in CLASSES:
@@ -229,7 +233,7 @@ def write_dataset(
         layer = (
             draw_glyph(label, size, rng, fonts, scan)
             if kind == "glyphs"
-            else draw_shape(CLASSES[kind][label], size, rng, scan)
+            else draw_shape(CLASSES[kind][label], size, rng, scan, upright)
         )
         name = CLASSES[kind][label]
         file_name = f"{name}/{i:05d}.png"
@@ -253,8 +257,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--scan", action="store_true", help="centred and size-normalised, as scanned forms are"
     )
+    parser.add_argument(
+        "--upright", action="store_true", help="shapes and figures never turned (one pose per class)"
+    )
     args = parser.parse_args(argv)
-    lines = write_dataset(args.kind, args.out, args.count, args.size, args.seed, args.clean, args.scan)
+    lines = write_dataset(
+        args.kind, args.out, args.count, args.size, args.seed, args.clean, args.scan, args.upright
+    )
     print(f"{len(lines)} pictures of {args.kind} in {args.out}")
 
 

@@ -66,3 +66,24 @@ def test_scan_layout_centres_and_sizes_the_drawing(kind, tmp_path):
         assert heights.min() >= 0.55 and heights.max() <= 0.9, heights
     free = ink_boxes(False, tmp_path / "free")
     assert np.median(np.abs((free[:, :2] + free[:, 2:]) / 2 - size / 2).max(axis=1)) > 3.0
+
+
+@pytest.mark.parametrize("kind", ["shapes", "figures"])
+def test_upright_draws_each_class_in_one_pose(kind, tmp_path):
+    """--upright: the same pictures but never turned, so the pictures of a class are far more alike (mean
+    pairwise correlation of their ink) than the turned ones; the rest of the random draws is unchanged."""
+
+    def class_alikeness(upright: bool, out: Path) -> tuple[float, list[dict]]:
+        lines = drawn.write_dataset(kind, out, count=80, size=32, seed=2, clean=True, scan=True, upright=upright)
+        alike = []
+        for label in {"shapes": (2, 9), "figures": (5, 8)}[kind]:  # triangle, crescent; arrow, corner
+            ink = np.stack([np.asarray(Image.open(out / m["file_name"]), dtype=np.float64).ravel()
+                            for m in lines if m["label"] == label])
+            corr = np.corrcoef(ink)
+            alike.append(corr[np.triu_indices(len(ink), 1)].mean())
+        return float(np.mean(alike)), lines
+
+    upright, lines = class_alikeness(True, tmp_path / "upright")
+    turned, turned_lines = class_alikeness(False, tmp_path / "turned")
+    assert lines == turned_lines  # same classes, captions and files
+    assert upright > turned + 0.15, (upright, turned)
