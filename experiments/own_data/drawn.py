@@ -149,7 +149,9 @@ def draw_shape(
     else:
         r = big * rng.uniform(0.2, 0.4)
         cx, cy = (rng.uniform(r, big - r) for _ in range(2))
-    turn = float(rng.uniform(0, 2 * math.pi)) * (0.0 if upright else 1.0)
+    turn = float(rng.uniform(0, 2 * math.pi))  # drawn either way, so upright keeps every other draw
+    if upright:
+        turn = 0.0
     width = int(big * rng.uniform(0.04, 0.1))
     filled = bool(rng.random() < 0.5)
     fill, outline = (255, None) if filled else (None, 255)
