@@ -71,14 +71,21 @@ def test_scan_layout_centres_and_sizes_the_drawing(kind, tmp_path):
 @pytest.mark.parametrize("kind", ["shapes", "figures"])
 def test_upright_draws_each_class_in_one_pose(kind, tmp_path):
     """--upright: the same pictures but never turned, so the pictures of a class are far more alike (mean
-    pairwise correlation of their ink) than the turned ones; the rest of the random draws is unchanged."""
+    pairwise correlation of their ink) than the turned ones; the files and captions are the same."""
 
     def class_alikeness(upright: bool, out: Path) -> tuple[float, list[dict]]:
-        lines = drawn.write_dataset(kind, out, count=80, size=32, seed=2, clean=True, scan=True, upright=upright)
+        lines = drawn.write_dataset(
+            kind, out, count=80, size=32, seed=2, clean=True, scan=True, upright=upright
+        )
         alike = []
         for label in {"shapes": (2, 9), "figures": (5, 8)}[kind]:  # triangle, crescent; arrow, corner
-            ink = np.stack([np.asarray(Image.open(out / m["file_name"]), dtype=np.float64).ravel()
-                            for m in lines if m["label"] == label])
+            ink = np.stack(
+                [
+                    np.asarray(Image.open(out / m["file_name"]), dtype=np.float64).ravel()
+                    for m in lines
+                    if m["label"] == label
+                ]
+            )
             corr = np.corrcoef(ink)
             alike.append(corr[np.triu_indices(len(ink), 1)].mean())
         return float(np.mean(alike)), lines
