@@ -122,15 +122,15 @@ def _heart() -> list[tuple[float, float]]:
 
 # the figures' outlines in units of the radius, centred on the origin before they are turned
 FIGURE_OUTLINES = {
-    "pentagon": lambda: _polygon(0, 0, 1, 5, 0),
-    "octagon": lambda: _polygon(0, 0, 1, 8, 0),
-    "ellipse": lambda: _arc(0, 2 * math.pi, 48, 1.0, 0.55),
-    "semicircle": lambda: [(x, y - 0.42) for x, y in _arc(0, math.pi, 24)],
-    "heart": _heart,
-    "arrow": lambda: [(-1, -0.2), (0.15, -0.2), (0.15, -0.6), (1, 0), (0.15, 0.6), (0.15, 0.2), (-1, 0.2)],
-    "trapezoid": lambda: [(-1, 0.6), (1, 0.6), (0.4, -0.6), (-0.4, -0.6)],
-    "corner": lambda: [(-0.8, -0.8), (-0.3, -0.8), (-0.3, 0.3), (0.8, 0.3), (0.8, 0.8), (-0.8, 0.8)],
-    "fan": lambda: [(-0.6, -0.6)] + [(x * 1.6 - 0.6, y * 1.6 - 0.6) for x, y in _arc(0, math.pi / 2, 16)],
+    "pentagon": _polygon(0, 0, 1, 5, 0),
+    "octagon": _polygon(0, 0, 1, 8, 0),
+    "ellipse": _arc(0, 2 * math.pi, 48, 1.0, 0.55),
+    "semicircle": [(x, y - 0.42) for x, y in _arc(0, math.pi, 24)],
+    "heart": _heart(),
+    "arrow": [(-1, -0.2), (0.15, -0.2), (0.15, -0.6), (1, 0), (0.15, 0.6), (0.15, 0.2), (-1, 0.2)],
+    "trapezoid": [(-1, 0.6), (1, 0.6), (0.4, -0.6), (-0.4, -0.6)],
+    "corner": [(-0.8, -0.8), (-0.3, -0.8), (-0.3, 0.3), (0.8, 0.3), (0.8, 0.8), (-0.8, 0.8)],
+    "fan": [(-0.6, -0.6)] + [(x * 1.6 - 0.6, y * 1.6 - 0.6) for x, y in _arc(0, math.pi / 2, 16)],
 }
 
 
@@ -163,9 +163,7 @@ def draw_shape(
         square = _placed([(-0.8, -0.8), (0.8, -0.8), (0.8, 0.8), (-0.8, 0.8)], cx, cy, r, turn)
         draw.polygon(square, outline=255, width=max(width * 2, int(r * 0.3)))
     elif name in FIGURE_OUTLINES:
-        draw.polygon(
-            _placed(FIGURE_OUTLINES[name](), cx, cy, r, turn), fill=fill, outline=outline, width=width
-        )
+        draw.polygon(_placed(FIGURE_OUTLINES[name], cx, cy, r, turn), fill=fill, outline=outline, width=width)
     elif name in ("square", "triangle", "diamond", "hexagon"):
         n, turn = {
             "square": (4, turn),
