@@ -1,8 +1,9 @@
 """Drawn datasets for the own-data recipe: small greyscale pictures as a Hugging Face imagefolder.
 
-Three kinds, ten classes each, whose captions share one template and differ only in the class word:
+Four kinds, ten classes each, whose captions share one template and differ only in the class word:
     glyphs  a digit (0-9) in one of the DejaVu fonts matplotlib bundles or PIL's default font, at a random
             size, position and tilt                                     "the digit seven"
+    letters ten capital letters, drawn as the digits are              "the letter K"
     shapes  a geometric shape (circle, square, ...), filled or outlined, at a random size, position, stroke
             and rotation                                                "a drawing of a star"
     figures ten other outlines (pentagon, octagon, ellipse, heart, arrow, ...), drawn as the shapes are
@@ -39,8 +40,16 @@ FIGURES = (
     "corner",
     "fan",
 )
-CLASSES = {"glyphs": DIGITS, "shapes": SHAPES, "figures": FIGURES}
-TEMPLATES = {"glyphs": "the digit {}", "shapes": "a drawing of a {}", "figures": "a picture of a {}"}
+LETTERS = ("A", "C", "E", "H", "K", "M", "P", "R", "W", "Y")
+CLASSES = {"glyphs": DIGITS, "shapes": SHAPES, "figures": FIGURES, "letters": LETTERS}
+TEMPLATES = {
+    "glyphs": "the digit {}",
+    "shapes": "a drawing of a {}",
+    "figures": "a picture of a {}",
+    "letters": "the letter {}",
+}
+STREAMS = {"figures": 0, "glyphs": 1, "shapes": 2, "letters": 3}  # each kind's random stream, fixed for good
+GLYPH_CHARS = {"glyphs": "0123456789", "letters": "".join(LETTERS)}  # the kinds drawn as a font's characters
 SUPERSAMPLE = 4  # drawn at 4x, then reduced with LANCZOS (anti-aliased edges, as a scan has)
 
 
@@ -63,19 +72,19 @@ def _font(rng: np.random.Generator, fonts: list[str], size: int) -> ImageFont.Fr
 
 
 def draw_glyph(
-    label: int, size: int, rng: np.random.Generator, fonts: list[str], scan: bool = False
+    char: str, size: int, rng: np.random.Generator, fonts: list[str], scan: bool = False
 ) -> Image.Image:
-    """A white digit on black at SUPERSAMPLE x `size` px (mode "L"): anywhere, 45-85% of the frame, tilt +-15
-    deg; or (scan) as a digitised form's box holds it: the glyph's ink scaled to 65-85% of the frame's height,
+    """A white character (a digit or a letter) on black at SUPERSAMPLE x `size` px (mode "L"): anywhere,
+    45-85% of the frame, tilt +-15 deg; or (scan) as a digitised form's box holds it: the glyph's ink scaled to 65-85% of the frame's height,
     centred to +-1 px, tilt +-6 deg."""
     big = size * SUPERSAMPLE
     font = _font(rng, fonts, int(big * (0.8 if scan else rng.uniform(0.45, 0.85))))
     layer = Image.new("L", (big, big), 0)
     draw = ImageDraw.Draw(layer)
-    left, top, right, bottom = draw.textbbox((0, 0), str(label), font=font)
+    left, top, right, bottom = draw.textbbox((0, 0), char, font=font)
     if scan:
         glyph = Image.new("L", (right - left, bottom - top), 0)
-        ImageDraw.Draw(glyph).text((-left, -top), str(label), fill=255, font=font)
+        ImageDraw.Draw(glyph).text((-left, -top), char, fill=255, font=font)
         glyph = glyph.crop(glyph.getbbox())
         scale = min(big * rng.uniform(0.65, 0.85) / glyph.height, big * 0.85 / glyph.width)
         glyph = glyph.resize(
@@ -88,7 +97,7 @@ def draw_glyph(
         return layer.rotate(float(rng.uniform(-6, 6)), resample=Image.BICUBIC)
     x = rng.uniform(0, max(big - (right - left), 1)) - left
     y = rng.uniform(0, max(big - (bottom - top), 1)) - top
-    draw.text((x, y), str(label), fill=255, font=font)
+    draw.text((x, y), char, fill=255, font=font)
     return layer.rotate(float(rng.uniform(-15, 15)), resample=Image.BICUBIC)
 
 
@@ -226,13 +235,13 @@ def write_dataset(
     if count <= 0 or size < 8:
         raise ValueError(f"count={count}, size={size}: need count > 0 and size >= 8")
     out, fonts = Path(out), font_files()
-    rng = np.random.default_rng([seed, sorted(CLASSES).index(kind)])
+    rng = np.random.default_rng([seed, STREAMS[kind]])
     lines = []
     for i in range(count):
         label = i % len(CLASSES[kind])
         layer = (
-            draw_glyph(label, size, rng, fonts, scan)
-            if kind == "glyphs"
+            draw_glyph(GLYPH_CHARS[kind][label], size, rng, fonts, scan)
+            if kind in GLYPH_CHARS
             else draw_shape(CLASSES[kind][label], size, rng, scan, upright)
         )
         name = CLASSES[kind][label]

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "experiments" / "own_data"))
 import drawn  # noqa: E402
 
 
-@pytest.mark.parametrize("kind", ["glyphs", "shapes", "figures"])
+@pytest.mark.parametrize("kind", ["glyphs", "letters", "shapes", "figures"])
 def test_a_drawn_dataset_is_seeded_balanced_and_one_template(kind, tmp_path):
     lines = drawn.write_dataset(kind, tmp_path / "a", count=40, size=24, seed=5)
     again = drawn.write_dataset(kind, tmp_path / "b", count=40, size=24, seed=5)
@@ -32,17 +32,18 @@ def test_a_drawn_dataset_is_seeded_balanced_and_one_template(kind, tmp_path):
     assert all(p.std() > 5 for p in pixels)  # a drawing, not a blank page
 
 
-def test_every_glyph_font_draws_every_digit():
-    """font_files() leaves out fonts without digits (matplotlib's DejaVu "Display" fonts draw nothing)."""
+def test_every_glyph_font_draws_every_character():
+    """font_files() leaves out fonts without digits or letters (matplotlib's DejaVu "Display" fonts draw
+    nothing)."""
     fonts = [ImageFont.truetype(path, 40) for path in drawn.font_files()] + [ImageFont.load_default(size=40)]
     for font in fonts:
-        for digit in range(10):
+        for char in "".join(drawn.GLYPH_CHARS.values()):
             layer = Image.new("L", (64, 64), 0)
-            ImageDraw.Draw(layer).text((4, 4), str(digit), fill=255, font=font)
-            assert np.asarray(layer).max() == 255, (font.path if hasattr(font, "path") else font, digit)
+            ImageDraw.Draw(layer).text((4, 4), char, fill=255, font=font)
+            assert np.asarray(layer).max() == 255, (font.path if hasattr(font, "path") else font, char)
 
 
-@pytest.mark.parametrize("kind", ["glyphs", "shapes", "figures"])
+@pytest.mark.parametrize("kind", ["glyphs", "letters", "shapes", "figures"])
 def test_scan_layout_centres_and_sizes_the_drawing(kind, tmp_path):
     """--scan: the drawing is centred to about a pixel (a glyph's ink box; a shape's box is centred on the shape's
     centre, not its ink, for a triangle or a crescent, hence the median) and a glyph fills 55-90% of the frame's
@@ -60,7 +61,7 @@ def test_scan_layout_centres_and_sizes_the_drawing(kind, tmp_path):
     scan = ink_boxes(True, tmp_path / "scan")
     off_centre = np.abs((scan[:, :2] + scan[:, 2:]) / 2 - size / 2).max(axis=1)
     assert np.median(off_centre) <= 1.0, off_centre
-    if kind == "glyphs":
+    if kind in drawn.GLYPH_CHARS:
         assert off_centre.max() <= 2.5, off_centre
         heights = (scan[:, 3] - scan[:, 1]) / size
         assert heights.min() >= 0.55 and heights.max() <= 0.9, heights
