@@ -9,10 +9,14 @@ validation lays them out (`layout_eval` at the validation noise level and seed):
                                            t2i: the prompt's text replaced by `<uncondition>` (the prompt of
                                            classifier-free guidance's CFG dropout)
     <task>/gain                          loss_ignoring - loss: about 0 for a model that ignores its input
+    <task>/gain/cb<c>                    the same per codebook, for tasks answered by an image (t2i, edit)
 Text-only tasks have no such input and get no baseline. The answer and the sample id stay, so the same
 answer positions are masked. `ConditioningCallback` logs these after every validation as
 `val/<task>/...` (TensorBoard, CSV) and in the run log, and warns when a task's gain stays under
-`min_gain` (relative to loss_ignoring) for `patience` validations in a row.
+`min_gain` (relative to loss_ignoring) for `patience` validations in a row, in the total and in every
+codebook: a model that over-fits a few hundred pictures predicts their fine detail (the residual codebooks)
+confidently and wrongly on held-out ones, with or without the prompt, so its total gain falls to 0 while the
+first codebook, the picture's layout, still follows the prompt (and its drawings show the asked class).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from lumina.objective import LuminaObjective
 log = logging.getLogger(__name__)
 
 INPUT_OF = {"understand": "image swapped", "edit": "image swapped", "t2i": "prompt dropped"}
+IMAGE_ANSWERED = ("t2i", "edit")
 
 
 def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialTokens) -> Sample:
@@ -52,17 +57,20 @@ def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialToke
 
 @torch.no_grad()
 def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample], tokens: SpecialTokens,
-                num_codebooks: int, noise: NoiseConfig, seed: int, t: float, seq_len: int) -> tuple[float, float]:
-    """(loss, answer-token accuracy) of `samples` laid out by `layout_eval`, packed in order into packs of at
-    most `seq_len` tokens (a longer sample is a pack of its own); the packs' losses are averaged weighted by
-    their scored answer tokens (an image cell counts once per codebook, as in the accuracy)."""
+                num_codebooks: int, noise: NoiseConfig, seed: int, t: float,
+                seq_len: int) -> tuple[float, float, list[float]]:
+    """(loss, answer-token accuracy, image loss per codebook [C]) of `samples` laid out by `layout_eval`,
+    packed in order into packs of at most `seq_len` tokens (a longer sample is a pack of its own); the packs'
+    losses are averaged weighted by their scored answer tokens (an image cell counts once per codebook, as in
+    the accuracy), the codebooks' by their image cells (all 0 without image answers)."""
     device = next(model.parameters()).device
     packs: list[list] = [[]]
     for seq in (layout_eval(s, tokens, noise, seed, t) for s in samples):
         if packs[-1] and sum(len(q) for q in packs[-1]) + len(seq) > seq_len:
             packs.append([])
         packs[-1].append(seq)
-    loss = right = count = 0.0
+    loss = right = count = cells = 0.0
+    per_codebook = torch.zeros(num_codebooks, dtype=torch.float64)
     for pack in packs:
         batch = collate_pack(pack, sum(len(q) for q in pack), tokens.pad, num_codebooks).to(device)
         result = objective(model(batch), batch)
@@ -71,7 +79,9 @@ def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[
         right += float((result.text_preds == result.text_targets).sum() +
                        (result.image_preds == result.image_targets).sum())
         count += n
-    return loss / max(count, 1), right / max(count, 1)
+        per_codebook += result.image_loss_per_codebook.double().cpu() * result.image_targets.shape[0]
+        cells += result.image_targets.shape[0]
+    return loss / max(count, 1), right / max(count, 1), (per_codebook / max(cells, 1)).tolist()
 
 
 def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample],
@@ -86,13 +96,32 @@ def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: S
     out: dict[str, float] = {}
     for task, chosen in sorted(by_task.items()):
         args = (tokens, num_codebooks, noise, seed, t, seq_len)
-        out[f"{task}/loss"], out[f"{task}/acc"] = pack_scores(model, objective, chosen, *args)
+        out[f"{task}/loss"], out[f"{task}/acc"], codebooks = pack_scores(model, objective, chosen, *args)
         if task in INPUT_OF and len(chosen) >= 2:
             ignoring = [ignoring_input(s, task, chosen[(i + 1) % len(chosen)], tokens) for i, s in enumerate(chosen)]
-            out[f"{task}/loss_ignoring"], out[f"{task}/acc_ignoring"] = pack_scores(model, objective, ignoring,
-                                                                                    *args)
+            out[f"{task}/loss_ignoring"], out[f"{task}/acc_ignoring"], codebooks_ignoring = pack_scores(
+                model, objective, ignoring, *args)
             out[f"{task}/gain"] = out[f"{task}/loss_ignoring"] - out[f"{task}/loss"]
+            if task in IMAGE_ANSWERED:
+                for c, (with_input, without) in enumerate(zip(codebooks, codebooks_ignoring, strict=True)):
+                    out[f"{task}/loss_ignoring/cb{c}"] = without
+                    out[f"{task}/gain/cb{c}"] = without - with_input
     return out
+
+
+def per_codebook(scores: dict[str, float], key: str) -> list[float]:
+    """[scores[f"{key}/cb0"], scores[f"{key}/cb1"], ...] (empty for a task answered by text)."""
+    values: list[float] = []
+    while f"{key}/cb{len(values)}" in scores:
+        values.append(scores[f"{key}/cb{len(values)}"])
+    return values
+
+
+def uses_input(scores: dict[str, float], task: str, min_gain: float) -> bool:
+    """Whether `task`'s gain reaches `min_gain` x its loss_ignoring, in the total or in any codebook."""
+    gains = [scores[f"{task}/gain"], *per_codebook(scores, f"{task}/gain")]
+    ignoring = [scores[f"{task}/loss_ignoring"], *per_codebook(scores, f"{task}/loss_ignoring")]
+    return any(gain >= min_gain * base for gain, base in zip(gains, ignoring, strict=True))
 
 
 class ConditioningCallback(L.Callback):
@@ -148,12 +177,14 @@ class ConditioningCallback(L.Callback):
                 log.info("%s", line)
                 continue
             ignoring = scores[f"{task}/loss_ignoring"]
-            log.info("%s | %s: loss %.4f acc %.3f | gain %.4f", line, INPUT_OF[task], ignoring,
-                     scores[f"{task}/acc_ignoring"], scores[f"{task}/gain"])
-            flat = scores[f"{task}/gain"] < self.min_gain * ignoring
+            codebooks = " ".join(f"{gain:.4f}" for gain in per_codebook(scores, f"{task}/gain"))
+            log.info("%s | %s: loss %.4f acc %.3f | gain %.4f%s", line, INPUT_OF[task], ignoring,
+                     scores[f"{task}/acc_ignoring"], scores[f"{task}/gain"],
+                     f" (per codebook {codebooks})" if codebooks else "")
+            flat = not uses_input(scores, task, self.min_gain)
             self.flat_for[task] = self.flat_for.get(task, 0) + 1 if flat else 0
             if self.flat_for[task] >= self.patience:
                 log.warning("step %d: the model ignores its input on %s: held-out loss %.4f vs %.4f with the %s "
-                            "(gain under %.0f%% for %d validations in a row); see README \"Your own data\"",
+                            "(gain under %.0f%%, in total and per codebook, for %d validations in a row); see README \"Your own data\"",
                             step, task, scores[f"{task}/loss"], ignoring, INPUT_OF[task], 100 * self.min_gain,
                             self.flat_for[task])
