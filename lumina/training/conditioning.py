@@ -41,7 +41,6 @@ from lumina.objective import LuminaObjective
 log = logging.getLogger(__name__)
 
 INPUT_OF = {"understand": "image swapped", "edit": "image swapped", "t2i": "prompt dropped"}
-IMAGE_ANSWERED = ("t2i", "edit")
 
 
 def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialTokens) -> Sample:
@@ -62,7 +61,7 @@ def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[
     """(loss, answer-token accuracy, image loss per codebook [C]) of `samples` laid out by `layout_eval`,
     packed in order into packs of at most `seq_len` tokens (a longer sample is a pack of its own); the packs'
     losses are averaged weighted by their scored answer tokens (an image cell counts once per codebook, as in
-    the accuracy), the codebooks' by their image cells (all 0 without image answers)."""
+    the accuracy), the codebooks' by their image cells (empty without image answers)."""
     device = next(model.parameters()).device
     packs: list[list] = [[]]
     for seq in (layout_eval(s, tokens, noise, seed, t) for s in samples):
@@ -81,7 +80,7 @@ def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[
         count += n
         per_codebook += result.image_loss_per_codebook.double().cpu() * result.image_targets.shape[0]
         cells += result.image_targets.shape[0]
-    return loss / max(count, 1), right / max(count, 1), (per_codebook / max(cells, 1)).tolist()
+    return loss / max(count, 1), right / max(count, 1), (per_codebook / cells).tolist() if cells else []
 
 
 def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample],
@@ -102,10 +101,9 @@ def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: S
             out[f"{task}/loss_ignoring"], out[f"{task}/acc_ignoring"], codebooks_ignoring = pack_scores(
                 model, objective, ignoring, *args)
             out[f"{task}/gain"] = out[f"{task}/loss_ignoring"] - out[f"{task}/loss"]
-            if task in IMAGE_ANSWERED:
-                for c, (with_input, without) in enumerate(zip(codebooks, codebooks_ignoring, strict=True)):
-                    out[f"{task}/loss_ignoring/cb{c}"] = without
-                    out[f"{task}/gain/cb{c}"] = without - with_input
+            for c, (with_input, without) in enumerate(zip(codebooks, codebooks_ignoring, strict=True)):
+                out[f"{task}/loss_ignoring/cb{c}"] = without
+                out[f"{task}/gain/cb{c}"] = without - with_input
     return out
 
 
