@@ -11,6 +11,7 @@ from torch import nn
 
 from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_buffer_dtype, official_shapes
 from lumina.checkpoint.layout import CheckpointMismatchError
+from lumina.checkpoint.official_parts import check_official_parts
 from lumina.checkpoint.writer import export_plan, parse_size, prepare_directory, write_shards
 from lumina.model.config import LuminaConfig
 
@@ -88,6 +89,7 @@ def save_pretrained(model: nn.Module | Mapping[str, torch.Tensor], directory: st
         state = dict(model)
         if config is None:
             raise ValueError("config is required when saving a state dict")
+    check_official_parts(config, layout)
     check_state_dict(state, config)
     plan = export_plan(((k, tuple(t.shape), t.dtype) for k, t in state.items()),
                        lambda key, e: state[key] if e is None else state[key][e], layout, out_dtype)

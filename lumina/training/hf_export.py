@@ -1,18 +1,21 @@
-"""`HFExportCallback`: at the end of training, rank 0 writes the weights as an HF checkpoint directory in the
-official split layout (safetensors + config.json, plus the tokenizer files of the source checkpoint and those the
-training data records: tokenizer.json, visual_tokenizer/)."""
+"""`HFExportCallback`: at the end of training, rank 0 writes the weights as an HF checkpoint directory
+(safetensors + config.json, plus the tokenizer files of the source checkpoint and those the training data
+records: tokenizer.json, visual_tokenizer/). layout "auto" writes the official split layout, or lumina's fused
+layout when the model uses a part the released model does not (`lumina.checkpoint.official_parts`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 
+from lumina.checkpoint.official_parts import unofficial_parts
 from lumina.checkpoint.save import save_pretrained
 
 
 class HFExportCallback(L.Callback):
-    def __init__(self, dirpath: str, layout: str = "split", dtype: str | None = None,
+    def __init__(self, dirpath: str, layout: str = "auto", dtype: str | None = None,
                  max_shard_size: str = "5GB") -> None:
         self.dirpath = Path(dirpath)
         self.layout = layout
@@ -26,7 +29,14 @@ class HFExportCallback(L.Callback):
         if not trainer.is_global_zero:
             return
         source_dir = getattr(pl_module, "init_from", None)
-        self.exported = save_pretrained(weights, self.dirpath, config=pl_module.model.config, layout=self.layout,
+        config, layout = pl_module.model.config, self.layout
+        if layout == "auto":
+            parts = unofficial_parts(config)
+            layout = "fused" if parts else "split"
+            if parts:
+                rank_zero_info(f"HF export in lumina's fused layout: {', '.join(parts)} is not a part of the "
+                               "released model, so the official split layout cannot hold it")
+        self.exported = save_pretrained(weights, self.dirpath, config=config, layout=layout,
                                         dtype=self.dtype,
                                         max_shard_size=self.max_shard_size, source_dir=source_dir,
                                         overwrite=True)
