@@ -22,9 +22,9 @@ from lumina.model.params import parameter_counts
 from lumina.model.supervision import PackRows
 from lumina.objective import LuminaObjective
 from lumina.training.errors import ConfigError
+from lumina.training.memory_estimate import GIB, Precision, channel_head_bytes_per_row, estimate_step_memory
 from lumina.training.module import LuminaModule
 from lumina.training.optim import OptimConfig, build_optimizer
-from lumina.training.memory_estimate import GIB, Precision, channel_head_bytes_per_row, estimate_step_memory
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "experiments" / "bench"
