@@ -8,7 +8,7 @@ from typing import Any
 
 from lumina.distributed.config import ParallelConfig
 from lumina.model.supervision import PackRows
-from lumina.training.build import model_config, plain
+from lumina.training.build import model_config, model_freeze, plain
 from lumina.training.errors import ConfigError
 from lumina.training.memory_estimate import GIB, PACK_KEYS, MemoryEstimate, Precision, estimate_step_memory
 
@@ -24,8 +24,8 @@ def memory_budget_gib(cfg: Any) -> float | None:
 
 
 def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
-    """The estimate of a composed lumina-train config: model, data.seq_len, trainer.precision, AdamW, and
-    strategy.parallel (shard / ep sizes) when the strategy has one. Under sequence
+    """The estimate of a composed lumina-train config: model (with its `model.freeze` globs), data.seq_len,
+    trainer.precision, AdamW, and strategy.parallel (shard / ep sizes) when the strategy has one. Under sequence
     parallelism a rank holds seq_len / sp rows of the pack, and attention's heads / sp over all of them cost
     what all heads over its own rows would, so the estimate is that of a pack of seq_len / sp rows."""
     from lumina.training.build import plain
@@ -46,7 +46,9 @@ def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
     seq_len = -(-seq_len // sp)  # this rank's rows
     rows = PackRows.assume(seq_len, **pack)
     precision = Precision.of(cfg.trainer.get("precision", "32-true"), param_dtype)
-    return replace(estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep), sp=sp)
+    estimate = estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep,
+                                    freeze=model_freeze(cfg))
+    return replace(estimate, sp=sp)
 
 
 def _world_size(trainer: Any) -> int:

@@ -73,8 +73,19 @@ def module(cfg: DictConfig) -> LuminaModule:
     objective = ObjectiveConfig(**plain(cfg.objective))
     optim = OptimConfig(**plain(cfg.optim))
     return LuminaModule(model_config(cfg), objective=objective, optim=optim,
-                        init_from=cfg.model.get("init_from"), freeze=plain(cfg.model.get("freeze")) or [],
+                        init_from=cfg.model.get("init_from"), freeze=model_freeze(cfg),
                         meta_init=bool(cfg.model.get("meta_init", False)), compile=model_compile(cfg))
+
+
+def model_freeze(cfg: DictConfig) -> list[str]:
+    """cfg.model.freeze (default none): a list of parameter-name globs, else ConfigError naming the field (the
+    globs themselves are checked against the model by `lumina.training.freeze`)."""
+    value = plain(cfg.model.get("freeze"))
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"model.freeze={value!r}: must be a list of parameter-name globs")
+    return value
 
 
 def model_compile(cfg: DictConfig) -> bool:

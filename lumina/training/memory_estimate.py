@@ -6,16 +6,20 @@ without building anything (`lumina-train estimate_memory=true [memory_budget_gib
 
 Parts (bytes per rank):
     parameters        counted from the model itself, built on the meta device (`lumina.model.params`)
-    gradients         one per parameter, in the parameter dtype
-    optimizer_states  AdamW: exp_avg and exp_avg_sq per parameter, in the parameter dtype (8 bytes for fp32)
+    gradients         one per trainable parameter, in the parameter dtype: what trains is decided by
+                      `lumina.training.trainable.mark_trainable` on that model (the `model.freeze` globs)
+    optimizer_states  AdamW: exp_avg and exp_avg_sq per trainable parameter, in the parameter dtype (8 bytes
+                      for fp32)
     activations       what autograd keeps for backward at the end of the forward, counted tensor by tensor
                       from the code (below), under the checkpointing policy, plus what a recompute rebuilds
     head_losses       the fused chunked head losses (`lumina.model.linear_ce`): they keep no logits, only
                       their input-gradient buffers (and their inputs while the objective runs), plus one
                       chunk of fp32 logits [chunk_rows, V]; and the heads' weight gradients, formed in the
                       forward and held until the backward (`head_weight_gradient_bytes`: under FSDP in full)
-    optimizer_step    AdamW's foreach temporaries (one parameter-sized copy), after the activations are gone
+    optimizer_step    AdamW's foreach temporaries (one copy of the trainable parameters), after the activations
+                      are gone
     fsdp_buffers      sharded runs: two unsharded units (in use + prefetched) and one unit's unreduced gradient
+                      (the whole unit's, frozen parameters included: an upper bound under `model.freeze`)
     peak = parameters + gradients + optimizer_states + fsdp_buffers + max(activations + head_losses,
            optimizer_step): every gradient is counted as live at the activation peak (an upper bound on a
            caching allocator; on CPU it about equals glibc's retained free memory, see the calibration below).
@@ -59,6 +63,7 @@ Where gradients dominate the rise the estimate runs high (small config, S = 512:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,8 +72,10 @@ from lumina.model.channel_head import MultiCodebookHead
 from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.linear_ce import auto_chunk_rows
+from lumina.model.lumina_model import LuminaModel
 from lumina.model.params import ParameterCounts, parameter_counts
 from lumina.model.supervision import PackRows
+from lumina.training.trainable import mark_trainable
 
 FP32, INT64, BOOL = 4, 8, 1
 DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}  # activation bytes -> dtype
@@ -263,6 +270,7 @@ class MemoryEstimate:
     rows: PackRows
     precision: Precision
     parameter_count: int
+    trainable_count: int
     parameters: int
     gradients: int
     optimizer_states: int
@@ -303,7 +311,7 @@ class MemoryEstimate:
             lines.append(f"  {name:<18} {value / GIB:9.3f}  {note}".rstrip())
 
         row("parameters", self.parameters, f"{self.parameter_count / 1e6:.1f}M parameters")
-        row("gradients", self.gradients)
+        row("gradients", self.gradients, f"{self.trainable_count / 1e6:.1f}M trainable parameters")
         row("optimizer states", self.optimizer_states)
         if self.fsdp_buffers:
             row("fsdp buffers", self.fsdp_buffers, "two unsharded units + one unreduced gradient")
@@ -322,13 +330,15 @@ class MemoryEstimate:
 def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool | None = None,
                          rows: PackRows | None = None, precision: Precision | None = None,
                          optimizer: str = "adamw", shard: int = 1, ep: int = 1,
-                         attn_backend: str | None = None) -> MemoryEstimate:
+                         attn_backend: str | None = None, freeze: Sequence[str] = ()) -> MemoryEstimate:
     """The memory of one step of `config` on packs of `seq_len` tokens (B = 1) on one rank.
 
     policy: checkpointing policy (None = config.gradient_checkpointing); rows: what a pack holds (None =
     `PackRows.assume(seq_len)`); optimizer: "adamw" (2 states per parameter) or "sgd" (none); shard: FSDP
     shard size (parameters, gradients and states are divided by it; experts are split over ep and sharded
-    over shard // ep); attn_backend: None = config.attn_backend ("auto" resolved on this machine)."""
+    over shard // ep); attn_backend: None = config.attn_backend ("auto" resolved on this machine); freeze:
+    `model.freeze` globs (their parameters get no gradient and no optimizer state; ConfigError for a glob
+    matching nothing)."""
     from lumina.attention import resolve_backend
 
     _positive_int("seq_len", seq_len)
@@ -346,9 +356,13 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         raise ValueError(f"rows.positions={rows.positions}: the pack's rows must number seq_len={seq_len}")
 
     a = precision.activation_bytes
-    counts = parameter_counts(config)
+    with torch.device("meta"):
+        model = LuminaModel(config)
+    counts = parameter_counts(model)
+    trainable = sum(p.numel() for p in mark_trainable(model, freeze).values())
     per_rank = -(-counts.total // shard)
     param_bytes = per_rank * precision.param_bytes
+    grad_bytes = -(-trainable // shard) * precision.param_bytes
     kept, recompute = backbone_bytes(config, policy, a)
     parts = (("backbone", seq_len * kept), ("recompute", 2 * seq_len * recompute),
              ("channel head", channel_head_bytes(config, policy, rows.image, a)),
@@ -361,10 +375,11 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         fsdp = largest * (2 * precision.gathered_bytes + FP32)
     return MemoryEstimate(
         seq_len=seq_len, policy=policy, rows=rows, precision=precision, parameter_count=counts.total,
-        parameters=param_bytes, gradients=param_bytes, optimizer_states=states * param_bytes,
+        trainable_count=trainable,
+        parameters=param_bytes, gradients=grad_bytes, optimizer_states=states * grad_bytes,
         activations=sum(value for _, value in parts),
         head_losses=head_loss_bytes(config, seq_len, rows, a) + head_weight_gradient_bytes(counts, precision, shard),
-        optimizer_step=param_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
+        optimizer_step=grad_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
         activation_parts=parts)
 
 

@@ -25,10 +25,10 @@ from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.model.config import LuminaConfig
 from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
-from lumina.training.freeze import freeze_parameters
 from lumina.training.memory import peak_memory_gib
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
+from lumina.training.trainable import mark_trainable
 
 
 class LuminaModule(L.LightningModule):
@@ -86,7 +86,8 @@ class LuminaModule(L.LightningModule):
             model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
                                 device=self.device)
         apply_checkpointing(model, self.model_config.gradient_checkpointing)
-        self.frozen_names = freeze_parameters(model, self.freeze_globs)
+        trainable = mark_trainable(model, self.freeze_globs)
+        self.frozen_names = [name for name, _ in model.named_parameters() if name not in trainable]
         self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
         if self.compile:  # after checkpointing, before the strategy shards the layers
             apply_compile(model)

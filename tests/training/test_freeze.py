@@ -1,4 +1,5 @@
-"""`model.freeze`: frozen parameters get no gradient and stay out of the optimizer."""
+"""`model.freeze`: frozen parameters get no gradient and stay out of the optimizer; `mark_trainable` returns
+the rest."""
 
 import pytest
 
@@ -6,6 +7,7 @@ from lumina.model import LuminaConfig, LuminaModel
 from lumina.training.errors import ConfigError
 from lumina.training.freeze import freeze_parameters
 from lumina.training.optim import OptimConfig, build_optimizer
+from lumina.training.trainable import mark_trainable
 
 
 def test_freeze_globs_select_by_name_and_leave_the_optimizer():
@@ -32,3 +34,13 @@ def test_freezing_everything_is_an_error():
     freeze_parameters(model, ["*"])
     with pytest.raises(ConfigError, match="no trainable parameter"):
         build_optimizer(model, OptimConfig())
+
+
+def test_mark_trainable_returns_what_is_left_after_the_globs():
+    model = LuminaModel(LuminaConfig.tiny())
+    names = [name for name, _ in model.named_parameters()]
+    trainable = mark_trainable(model, ["*.mlp.experts.*"])
+    experts = [n for n in names if ".mlp.experts." in n]
+    assert experts and list(trainable) == [n for n in names if n not in experts]
+    assert all(trainable[n] is p for n, p in model.named_parameters() if n in trainable)
+    assert not any(p.requires_grad for n, p in model.named_parameters() if n in experts)

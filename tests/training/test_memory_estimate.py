@@ -1,9 +1,11 @@
 """`estimate_step_memory` and `lumina-train estimate_memory=true`: the parameter count equals the module tree's,
 the activation count equals what autograd saves, the estimate is within 25% of a measured step's peak-RSS rise
-(fresh subprocess, experiments/bench/step_memory.py), and the CLI prints the table and the fit verdict."""
+(fresh subprocess, experiments/bench/step_memory.py), `model.freeze` globs take exactly their parameters'
+gradients and AdamW states out, and the CLI prints the table and the fit verdict."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import subprocess
@@ -21,6 +23,8 @@ from lumina.model.supervision import PackRows
 from lumina.objective import LuminaObjective
 from lumina.training.errors import ConfigError
 from lumina.training.memory_estimate import GIB, Precision, channel_head_bytes_per_row, estimate_step_memory
+from lumina.training.module import LuminaModule
+from lumina.training.optim import OptimConfig, build_optimizer
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "experiments" / "bench"
@@ -230,3 +234,88 @@ def test_config_estimate_follows_the_strategy_and_the_pack(tmp_path: Path) -> No
     half = estimate_from_cfg(compose_train([*fsdp2, "data.seq_len=512"]))
     assert (sp2.sp, sp2.seq_len) == (2, 512)  # a rank holds half the pack's rows
     assert sp2.activations == half.activations < single.activations
+
+
+FROZEN = ["*.mlp.experts.*", "model.word_embeddings.*"]
+PARAM_DTYPES = {"32-true": torch.float32, "bf16-true": torch.bfloat16, "64-true": torch.float64,
+                "bf16-mixed": torch.float32}  # Lightning's precision -> the dtype parameters are kept in
+
+
+def frozen_bytes(config: LuminaConfig, globs: list[str], dtype: torch.dtype) -> int:
+    """Bytes of the parameters matching `globs` in a model built on the meta device and cast to `dtype`."""
+    with torch.device("meta"):
+        model = LuminaModel(config).to(dtype)
+    hits = [p for name, p in model.named_parameters() if any(fnmatch.fnmatchcase(name, g) for g in globs)]
+    return sum(p.numel() * p.element_size() for p in hits)
+
+
+@pytest.mark.parametrize(("shard", "ep"), [(1, 1), (4, 2)], ids=["one-device", "fsdp-ep-per-rank"])
+@pytest.mark.parametrize("precision", list(PARAM_DTYPES))
+def test_freeze_globs_cut_exactly_the_frozen_gradient_and_optimizer_bytes(precision: str, shard: int,
+                                                                           ep: int) -> None:
+    """Frozen parameters have no gradient, no AdamW exp_avg / exp_avg_sq and no share of the optimizer step's
+    temporaries; everything else (parameters, activations, FSDP buffers) is unchanged."""
+    config = LuminaConfig.tiny()
+    frozen = frozen_bytes(config, FROZEN, PARAM_DTYPES[precision])
+    assert frozen > 0 and frozen % shard == 0  # every rank holds 1 / shard of them
+    per_rank = frozen // shard
+    kwargs = dict(precision=Precision.of(precision), shard=shard, ep=ep)
+    full = estimate_step_memory(config, 512, "full", **kwargs)
+    part = estimate_step_memory(config, 512, "full", freeze=FROZEN, **kwargs)
+    assert full.gradients - part.gradients == per_rank
+    assert full.optimizer_states - part.optimizer_states == 2 * per_rank
+    assert full.optimizer_step - part.optimizer_step == per_rank
+    assert (part.parameters, part.activations, part.fsdp_buffers) == (full.parameters, full.activations,
+                                                                      full.fsdp_buffers)
+    assert part.activations + part.head_losses > full.optimizer_step  # so the peak falls by the state alone
+    assert full.peak - part.peak == 3 * per_rank
+
+
+def test_the_estimate_counts_the_parameters_the_optimizer_trains() -> None:
+    """What LuminaModule hands its optimizer under `freeze` is what the estimate gives gradients to."""
+    config = LuminaConfig.tiny()
+    module = LuminaModule(config, freeze=FROZEN)
+    module.configure_model()
+    optimizer = build_optimizer(module.model, OptimConfig())
+    trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+    estimate = estimate_step_memory(config, 512, "full", freeze=FROZEN)
+    assert estimate.trainable_count == trained < estimate.parameter_count
+    assert estimate.gradients == trained * 4
+
+
+def test_config_estimate_counts_the_freeze_globs_per_rank(tmp_path: Path) -> None:
+    """`model.freeze` reaches the estimate of a composed config, per rank under strategy=fsdp_ep; a glob that
+    matches nothing, or a value that is not a list, is an error naming model.freeze."""
+    base = ["data.seq_len=512", "strategy=fsdp_ep", "trainer.devices=4", "strategy.parallel.ep=2", *quiet(tmp_path)]
+    full = estimate_from_cfg(compose_train(base))
+    part = estimate_from_cfg(compose_train([*base, f"model.freeze=[{','.join(repr(g) for g in FROZEN)}]"]))
+    per_rank = frozen_bytes(LuminaConfig.tiny(), FROZEN, torch.float32) // 4
+    assert (part.shard, part.ep) == (4, 2)
+    assert full.gradients + full.optimizer_states - part.gradients - part.optimizer_states == 3 * per_rank
+    with pytest.raises(ConfigError, match=r"model.freeze='model\.no_such\.\*': matches no parameter"):
+        estimate_from_cfg(compose_train([*base, "model.freeze=['model.no_such.*']"]))
+    with pytest.raises(ConfigError, match=r"model.freeze='lm_head\.weight': must be a list"):
+        estimate_from_cfg(compose_train([*base, "model.freeze=lm_head.weight"]))
+
+
+def test_cli_prints_the_smaller_figure_under_freeze(tmp_path: Path) -> None:
+    """`lumina-train estimate_memory=true model=official model.freeze=['*.mlp.experts.*']` prints the
+    gradients, AdamW states and optimizer step less the routed experts' share (15.3B of the 16.9B
+    parameters), and the smaller peak."""
+    args = ["estimate_memory=true", "model=official", "data.seq_len=512", "model.config.gradient_checkpointing=full",
+            *quiet(tmp_path / "out")]
+    full = estimate_from_cfg(compose_train(args))
+    frozen = frozen_bytes(LuminaConfig.official(), ["*.mlp.experts.*"], torch.float32)
+    result = run_cli([*args, "model.freeze=['*.mlp.experts.*']", f"hydra.run.dir={tmp_path / 'run'}"],
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    printed = {line[2:20].strip(): line[20:].split() for line in result.stdout.splitlines()
+               if line.startswith("  ")}
+    trainable = full.parameter_count - frozen // 4
+    assert printed["gradients"][:2] == [f"{(full.gradients - frozen) / GIB:.3f}", f"{trainable / 1e6:.1f}M"]
+    assert printed["optimizer states"][0] == f"{(full.optimizer_states - 2 * frozen) / GIB:.3f}"
+    assert printed["optimizer step"][0] == f"{(full.optimizer_step - frozen) / GIB:.3f}"
+    # the optimizer step's temporaries outweighed the activations: the peak falls by more than the state
+    part = estimate_from_cfg(compose_train([*args, "model.freeze=['*.mlp.experts.*']"]))
+    assert printed["peak"][0] == f"{part.peak / GIB:.3f}"
+    assert part.peak <= full.peak - 3 * frozen
