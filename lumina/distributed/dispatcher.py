@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from lumina.distributed.all_to_all import all_to_all
-from lumina.model.dispatch import combine_copies, group_by_expert
-from lumina.model.experts import inverse_permutation
+from lumina.model.dispatch import group_by_expert
+from lumina.model.experts import combine_copies, inverse_permutation
 
 
 class AllToAllDispatcher:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from model_helpers import make_batch
 
 from lumina.model import GroupedExperts, LocalDispatcher, LuminaConfig, LuminaModel, MoE
-from lumina.model.dispatch import combine_copies, group_by_expert
-from lumina.model.experts import grouped_mm_supported, grouped_swiglu, inverse_permutation
+from lumina.model.dispatch import group_by_expert
+from lumina.model.experts import combine_copies, grouped_mm_supported, grouped_swiglu, inverse_permutation
 
 E, H, INTER, K = 8, 32, 16, 2
 
