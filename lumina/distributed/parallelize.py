@@ -26,10 +26,9 @@ from lumina.distributed.mesh import Meshes
 from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
 from lumina.distributed.sequence import UlyssesAttention
 from lumina.distributed.sharded_experts import PROJECTIONS, ShardedGroupedExperts
+from lumina.model.dtypes import float_dtype
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -43,8 +42,8 @@ class Parallelized:
 
 
 def mixed_precision(config: ParallelConfig) -> MixedPrecisionPolicy:
-    param = DTYPES[config.param_dtype] if config.param_dtype else None
-    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=DTYPES[config.reduce_dtype])
+    param = float_dtype("param_dtype", config.param_dtype) if config.param_dtype else None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=float_dtype("reduce_dtype", config.reduce_dtype))
 
 
 def materialise(module: nn.Module, device: torch.device) -> None:
