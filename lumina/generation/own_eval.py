@@ -10,7 +10,7 @@ Samples of more than one exchange are counted in "skipped" (never dropped silent
 per task are drawn by a seeded permutation. Exact match compares the whitespace-normalised strings; BLEU is
 torchmetrics' corpus `BLEUScore` (n_gram 4, smoothed: captions are short). `<task>/loss` is the objective's
 held-out loss over all of the task's samples, laid out as validation lays them out (`layout_eval` at noise
-`noise_t`, seed `noise_seed`, default noise settings), one sample per forward.
+`noise_t`, seed `noise_seed`, default noise settings), one sample per forward, averaged by `HeldOutLoss`.
 Writes <out>/eval.json ({"metrics", "answers", "skipped"}) and <out>/samples.png.
 """
 
@@ -36,6 +36,7 @@ from lumina.generation.image import generate_images
 from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective
+from lumina.objective.held_out import HeldOutLoss
 
 TEXT_TASKS, IMAGE_TASKS = ("understand", "text"), ("t2i", "edit")
 LABEL_HEIGHT = 12  # px of prompt text above each grid row
@@ -100,17 +101,17 @@ def _decode(assets: GenerationAssets, ids: list[int]) -> str:
 
 def held_out_loss(model: nn.Module, dataset: ParquetSampleDataset, indices: list[int], config: OwnEvalConfig
                   ) -> float:
-    """Mean objective loss of the samples `indices`, each laid out by `layout_eval` (module docstring)."""
+    """`HeldOutLoss` of the samples `indices`, each laid out by `layout_eval` (module docstring)."""
     source = LayoutSource(dataset, NoiseConfig(), config.noise_seed, eval_t=config.noise_t)
     objective = LuminaObjective().eval()
     device = next(model.parameters()).device
-    losses = []
+    held_out = HeldOutLoss(dataset.tokens.num_codebooks)
     with torch.no_grad():
         for i in indices:
             seq = source.sequence(i, 0)
             batch = collate_pack([seq], len(seq), dataset.tokens.pad, dataset.tokens.num_codebooks).to(device)
-            losses.append(float(objective(model(batch), batch).loss))
-    return sum(losses) / len(losses)
+            held_out.add(objective(model(batch), batch))
+    return held_out.mean
 
 
 def evaluate_own(model: nn.Module, assets: GenerationAssets, config: OwnEvalConfig) -> OwnEvalResult:
