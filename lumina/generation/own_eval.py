@@ -26,6 +26,7 @@ from torch import nn
 
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
+from lumina.data.pixels import to_uint8
 from lumina.data.roots import dataset_root
 from lumina.data.schema import Media, Sample, Text
 from lumina.data.sources import LayoutSource
@@ -172,8 +173,7 @@ def sample_grid(rows: list[tuple[str, torch.Tensor, torch.Tensor]], gap: int = 2
         draw.text((0, top), label, fill="black")
         left = 0
         for image in (truth, generated):
-            array = ((image.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).cpu().numpy()
-            canvas.paste(Image.fromarray(array), (left, top + LABEL_HEIGHT))
+            canvas.paste(Image.fromarray(to_uint8(image)), (left, top + LABEL_HEIGHT))
             left += image.shape[2] + gap
         top += height
     return canvas
