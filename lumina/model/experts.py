@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -280,6 +281,13 @@ def routed_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: t
     return combine_copies(rows, copies.weights, copies.order, inverse_permutation(copies.order))
 
 
+def experts_per_rank(num_experts: int, ep: int) -> int:
+    """The experts each of `ep` expert-parallel ranks holds; ValueError unless ep divides num_experts."""
+    if num_experts % ep:
+        raise ValueError(f"num_experts={num_experts} is not divisible by the expert-parallel size ep={ep}")
+    return num_experts // ep
+
+
 def check_tokens_per_expert(tokens_per_expert: torch.Tensor, num_local_experts: int) -> None:
     if tokens_per_expert.shape != (num_local_experts,):
         raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
@@ -309,13 +317,20 @@ class GroupedExperts(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for weight in (self.gate_proj, self.up_proj, self.down_proj):
-            nn.init.normal_(weight, mean=0.0, std=self.std)
+        """N(0, std); sharded over expert-parallel ranks, each rank draws its own slice."""
+        with torch.no_grad():
+            for weight in self.projections():
+                weight.normal_(mean=0.0, std=self.std)
+
+    def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate, up, down) of this rank's experts: the local slices where expert parallelism made the
+        parameters DTensors (`lumina.distributed.shard_experts`), else the parameters."""
+        return tuple(w.to_local() if isinstance(w, DTensor) else w  # type: ignore[return-value]
+                     for w in (self.gate_proj, self.up_proj, self.down_proj))
 
     def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor,
                 copies: RoutedCopies | None = None) -> torch.Tensor:
         """x [N, H] sorted by local expert; tokens_per_expert int [E_local] summing to N -> [N, H]. With
         `copies`: x [T, H] tokens, tokens_per_expert counting their T*k copies -> the weighted sum [T, H]."""
         check_tokens_per_expert(tokens_per_expert, self.num_local_experts)
-        return swiglu_experts(x, self.gate_proj, self.up_proj, self.down_proj, tokens_per_expert, self.backend,
-                              copies)
+        return swiglu_experts(x, *self.projections(), tokens_per_expert, self.backend, copies)

@@ -67,6 +67,7 @@ from lumina.model.channel_head import MultiCodebookHead
 from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.dtypes import float_dtype, float_dtype_of_size
+from lumina.model.experts import experts_per_rank
 from lumina.model.linear_ce import auto_chunk_rows
 from lumina.model.params import ParameterCounts, parameter_counts
 from lumina.model.supervision import PackRows
@@ -340,8 +341,9 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         raise ValueError(f"optimizer={optimizer!r}: must be one of {tuple(OPTIMIZERS)}")
     _positive_int("shard", shard)
     _positive_int("ep", ep)
-    if shard % ep or config.num_experts % ep:
-        raise ValueError(f"ep={ep}: must divide shard={shard} and num_experts={config.num_experts}")
+    if shard % ep:
+        raise ValueError(f"ep={ep}: must divide shard={shard}")
+    experts_per_rank(config.num_experts, ep)
     backend = resolve_backend(attn_backend or config.attn_backend)
     if rows.positions != seq_len:
         raise ValueError(f"rows.positions={rows.positions}: the pack's rows must number seq_len={seq_len}")
