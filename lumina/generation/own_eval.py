@@ -112,7 +112,7 @@ def held_out_loss(model: nn.Module, dataset: ParquetSampleDataset, indices: list
             seq = source.sequence(i, 0)
             batch = collate_pack([seq], len(seq), dataset.tokens.pad, dataset.tokens.num_codebooks).to(device)
             held_out.add(objective(model(batch), batch))
-    return held_out.mean
+    return held_out.scores()[0]
 
 
 def evaluate_own(model: nn.Module, assets: GenerationAssets, config: OwnEvalConfig) -> OwnEvalResult:

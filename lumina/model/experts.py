@@ -84,10 +84,9 @@ def row_weights(weights: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 def combine_weight_grad(grad_out: torch.Tensor, out: torch.Tensor, order: torch.Tensor,
                         weights: torch.Tensor) -> torch.Tensor:
-    """The combine's one weight-gradient formula: d/dw[t, s] = <gradient of token t's output, expert output of
-    copy (t, s)>, a dot product per expert-sorted row of grad_out, out [T*k, W] in the accumulation dtype
-    (W = H, or the fused path's <down^T grad, hidden> over I), put back in slot order -> [T, k] in weights'
-    dtype (order is a permutation: no scatter-add)."""
+    """The combine's one weight-gradient formula: d/dw[t, s] = <grad of token t, output of copy (t, s)>, per
+    expert-sorted row of grad_out, out [T*k, W] in the accumulation dtype (W = H, or I for the fused path's
+    <down^T grad, hidden>) -> [T, k] in slot order (order is a permutation: no scatter-add)."""
     acc = accumulation_dtype(out.dtype)
     per_row = torch.linalg.vecdot(grad_out.to(acc), out.to(acc))
     return per_row.new_empty(per_row.shape).index_copy_(0, order, per_row).view_as(weights).to(weights.dtype)
@@ -288,20 +287,6 @@ def experts_per_rank(num_experts: int, ep: int) -> int:
     return num_experts // ep
 
 
-def check_tokens_per_expert(tokens_per_expert: torch.Tensor, num_local_experts: int) -> None:
-    if tokens_per_expert.shape != (num_local_experts,):
-        raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
-                         f"[{num_local_experts}] (the local experts)")
-
-
-def swiglu_experts(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                   tokens_per_expert: torch.Tensor, backend: str, copies: RoutedCopies | None) -> torch.Tensor:
-    """`grouped_swiglu` on x [N, H] sorted by expert, or, with `copies`, `routed_swiglu` on x [T, H] tokens."""
-    if copies is None:
-        return grouped_swiglu(x, gate, up, down, tokens_per_expert, backend)
-    return routed_swiglu(x, gate, up, down, tokens_per_expert, copies, backend)
-
-
 class GroupedExperts(nn.Module):
     def __init__(self, num_local_experts: int, hidden_size: int, intermediate_size: int, backend: str = "grouped_mm",
                  std: float = 0.02) -> None:
@@ -332,5 +317,9 @@ class GroupedExperts(nn.Module):
                 copies: RoutedCopies | None = None) -> torch.Tensor:
         """x [N, H] sorted by local expert; tokens_per_expert int [E_local] summing to N -> [N, H]. With
         `copies`: x [T, H] tokens, tokens_per_expert counting their T*k copies -> the weighted sum [T, H]."""
-        check_tokens_per_expert(tokens_per_expert, self.num_local_experts)
-        return swiglu_experts(x, *self.projections(), tokens_per_expert, self.backend, copies)
+        if tokens_per_expert.shape != (self.num_local_experts,):
+            raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
+                             f"[{self.num_local_experts}] (the local experts)")
+        if copies is None:
+            return grouped_swiglu(x, *self.projections(), tokens_per_expert, self.backend)
+        return routed_swiglu(x, *self.projections(), tokens_per_expert, copies, self.backend)

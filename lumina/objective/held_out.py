@@ -13,8 +13,8 @@ def scored_targets(result: ObjectiveResult) -> int:
 
 
 class HeldOutLoss:
-    """Sums over packs -> loss and answer accuracy weighted by `scored_targets`, each codebook's loss by its
-    image cells (validation, the conditioning check and `lumina-generate task=eval` all report these)."""
+    """Sums over packs -> `scores()`: loss and answer accuracy weighted by `scored_targets`, each codebook's loss
+    by its image cells (validation, the conditioning check and `lumina-generate task=eval` report these)."""
 
     def __init__(self, num_codebooks: int) -> None:
         self.loss = self.right = self.count = self.cells = 0.0
@@ -29,15 +29,7 @@ class HeldOutLoss:
         self.codebooks += result.image_loss_per_codebook.double().cpu() * result.image_targets.shape[0]
         self.cells += result.image_targets.shape[0]
 
-    @property
-    def mean(self) -> float:
-        return self.loss / max(self.count, 1)
-
-    @property
-    def accuracy(self) -> float:
-        return self.right / max(self.count, 1)
-
-    @property
-    def per_codebook(self) -> list[float]:
-        """[C] (empty without image answers)."""
-        return (self.codebooks / self.cells).tolist() if self.cells else []
+    def scores(self) -> tuple[float, float, list[float]]:
+        """(loss, accuracy, loss per codebook [C], empty without image answers)."""
+        count = max(self.count, 1)
+        return self.loss / count, self.right / count, (self.codebooks / self.cells).tolist() if self.cells else []

@@ -72,7 +72,7 @@ def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[
     for pack in packs:
         batch = collate_pack(pack, sum(len(q) for q in pack), tokens.pad, num_codebooks).to(device)
         held_out.add(objective(model(batch), batch))
-    return held_out.mean, held_out.accuracy, held_out.per_codebook
+    return held_out.scores()
 
 
 def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample],
