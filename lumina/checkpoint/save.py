@@ -14,25 +14,18 @@ from lumina.checkpoint.layout import CheckpointMismatchError
 from lumina.checkpoint.official_parts import check_official_parts
 from lumina.checkpoint.writer import export_plan, parse_size, prepare_directory, write_shards
 from lumina.model.config import LuminaConfig
+from lumina.model.dtypes import float_dtype
 
 # Files beside the weights that the official loader / tokenizer need; copied from a source directory.
 ASSET_PATTERNS = ("*.py", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
                   "*.tiktoken", "chat_template*", "generation_config.json", "preprocessor_config.json")
-_DTYPE_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 
 
 def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """None / "keep" -> None (keep every tensor's dtype); "bf16" / "fp16" / "fp32" (or a torch dtype)."""
+    """None / "keep" -> None (keep every tensor's dtype); else a name of FLOAT_DTYPES (or a torch dtype)."""
     if dtype is None or dtype == "keep":
         return None
-    if isinstance(dtype, torch.dtype):
-        if not dtype.is_floating_point:
-            raise ValueError(f"dtype={dtype}: export dtype must be floating point")
-        return dtype
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(_DTYPE_NAMES)} or 'keep'")
-    return _DTYPE_NAMES[dtype]
+    return float_dtype("dtype", dtype)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

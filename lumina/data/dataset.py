@@ -15,10 +15,10 @@ from torch.utils.data import Dataset, Sampler
 from lumina.data.batch import PackedBatch
 from lumina.data.packing import collate_pack
 from lumina.data.plan import EpochPlan, PackSchedule
-from lumina.data.sources import LayoutSource, MixtureSource, PackSource, SyntheticSource
+from lumina.data.sources import LayoutSource, MixtureSource, PackSource
 
 __all__ = ["FixedSampler", "LayoutSource", "MixtureSource", "PackKey", "PackSampler", "PackSource",
-           "PackedDataset", "SyntheticSource", "identity", "keys_for", "pack_key"]
+           "PackedDataset", "identity", "keys_for", "pack_key"]
 
 
 class PackKey(NamedTuple):

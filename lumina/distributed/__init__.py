@@ -14,13 +14,13 @@ from lumina.distributed.participation import (
     tracked_modules,
 )
 from lumina.distributed.plan import OFFICIAL_PLAN, PlanError, PlanRule, parse_plan, resolve_plan
-from lumina.distributed.sharded_experts import ShardedGroupedExperts
+from lumina.distributed.sharded_experts import shard_experts
 from lumina.distributed.strategy import FSDP2ExpertParallelStrategy, MeshAwarePrecision
 
 __all__ = [
     "OFFICIAL_PLAN", "AllToAllDispatcher", "FSDP2ExpertParallelStrategy", "MeshAwarePrecision", "Meshes",
     "ParallelConfig", "Parallelized", "ParticipationError", "ParticipationTracker", "PlanError", "PlanRule",
-    "ResolvedSizes", "ShardedGroupedExperts", "build_meshes", "clip_grad_norm",
+    "ResolvedSizes", "build_meshes", "clip_grad_norm", "shard_experts",
     "export_hf", "load_dcp_weights", "full_state_dict", "load_hf_sharded", "materialise", "parallelize",
     "parse_plan", "resolve_plan", "total_grad_norm", "tracked_modules",
 ]

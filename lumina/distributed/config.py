@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16")
+from lumina.model.dtypes import float_dtype
+
 # keys that went away, and what to use instead
 REMOVED = {
     "activation_checkpointing": "model.config.gradient_checkpointing=full (the one checkpointing knob)",
@@ -57,10 +58,9 @@ class ParallelConfig:
             _positive_int(name, getattr(self, name))
         if self.shard != "auto":
             _positive_int("shard", self.shard)
-        if self.param_dtype is not None and self.param_dtype not in DTYPES:
-            raise ValueError(f"ParallelConfig.param_dtype={self.param_dtype!r}: must be null or one of {DTYPES}")
-        if self.reduce_dtype not in DTYPES:
-            raise ValueError(f"ParallelConfig.reduce_dtype={self.reduce_dtype!r}: must be one of {DTYPES}")
+        if self.param_dtype is not None:
+            float_dtype("ParallelConfig.param_dtype", self.param_dtype)
+        float_dtype("ParallelConfig.reduce_dtype", self.reduce_dtype)
         if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
             raise ValueError(f"ParallelConfig.timeout_s={self.timeout_s!r}: must be a positive number of seconds")
 

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from lumina.distributed.all_to_all import all_to_all
-from lumina.model.dispatch import combine_copies, group_by_expert
-from lumina.model.experts import inverse_permutation
+from lumina.model.dispatch import group_by_expert
+from lumina.model.experts import combine_copies, experts_per_rank, inverse_permutation
 
 
 class AllToAllDispatcher:
@@ -26,10 +26,8 @@ class AllToAllDispatcher:
     def __init__(self, group: dist.ProcessGroup, num_experts: int) -> None:
         self.group = group
         self.ep = dist.get_world_size(group)
-        if num_experts % self.ep:
-            raise ValueError(f"num_experts={num_experts} is not divisible by the expert-parallel size {self.ep}")
         self.num_experts = num_experts
-        self.num_local = num_experts // self.ep
+        self.num_local = experts_per_rank(num_experts, self.ep)
 
     def splits(self, counts: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
         """counts int64 [E]: copies this rank sends to each expert -> (received [ep * E_local]: from rank r for

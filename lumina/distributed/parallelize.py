@@ -25,11 +25,10 @@ from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.mesh import Meshes
 from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
 from lumina.distributed.sequence import UlyssesAttention
-from lumina.distributed.sharded_experts import PROJECTIONS, ShardedGroupedExperts
+from lumina.distributed.sharded_experts import PROJECTIONS, shard_experts
+from lumina.model.dtypes import float_dtype
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -38,13 +37,13 @@ class Parallelized:
 
     placements: dict[str, PlanRule]
     dense_units: list[nn.Module] = field(default_factory=list)
-    expert_units: list[ShardedGroupedExperts] = field(default_factory=list)
+    expert_units: list[GroupedExperts] = field(default_factory=list)
     dispatchers: list[object] = field(default_factory=list)
 
 
 def mixed_precision(config: ParallelConfig) -> MixedPrecisionPolicy:
-    param = DTYPES[config.param_dtype] if config.param_dtype else None
-    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=DTYPES[config.reduce_dtype])
+    param = float_dtype("param_dtype", config.param_dtype) if config.param_dtype else None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=float_dtype("reduce_dtype", config.reduce_dtype))
 
 
 def materialise(module: nn.Module, device: torch.device) -> None:
@@ -116,8 +115,7 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
             moe = layer.mlp
             prefix = f"model.layers.{i}.mlp.experts."
             dims = {p: placements[prefix + p].dim for p in PROJECTIONS}
-            sharded = ShardedGroupedExperts(moe.experts, meshes.sparse, "ep", dims)
-            moe.experts = sharded
+            sharded = shard_experts(moe.experts, meshes.sparse, "ep", dims)
             if meshes.sizes.ep > 1:
                 moe.dispatcher = AllToAllDispatcher(ep_group, moe.num_experts)
                 result.dispatchers.append(moe.dispatcher)

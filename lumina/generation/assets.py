@@ -22,6 +22,7 @@ from lumina.data.tokenizers.text import (
 from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model
 from lumina.data.visual_tokenizers import BUILTIN, load_visual_tokenizer
 from lumina.model.config import LuminaConfig
+from lumina.model.dtypes import float_dtype
 
 
 @dataclass
@@ -49,9 +50,7 @@ def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float3
 
     directory = Path(checkpoint)
     config = read_config(directory)
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"dtype={dtype!r}: not a torch dtype name (float32, bfloat16, ...)")
+    torch_dtype = float_dtype("dtype", dtype)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype)
     try:

@@ -10,7 +10,7 @@ Samples of more than one exchange are counted in "skipped" (never dropped silent
 per task are drawn by a seeded permutation. Exact match compares the whitespace-normalised strings; BLEU is
 torchmetrics' corpus `BLEUScore` (n_gram 4, smoothed: captions are short). `<task>/loss` is the objective's
 held-out loss over all of the task's samples, laid out as validation lays them out (`layout_eval` at noise
-`noise_t`, seed `noise_seed`, default noise settings), one sample per forward.
+`noise_t`, seed `noise_seed`, default noise settings), one sample per forward, averaged by `HeldOutLoss`.
 Writes <out>/eval.json ({"metrics", "answers", "skipped"}) and <out>/samples.png.
 """
 
@@ -26,6 +26,7 @@ from torch import nn
 
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
+from lumina.data.pixels import to_uint8
 from lumina.data.roots import dataset_root
 from lumina.data.schema import Media, Sample, Text
 from lumina.data.sources import LayoutSource
@@ -36,6 +37,7 @@ from lumina.generation.image import generate_images
 from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective
+from lumina.objective.held_out import HeldOutLoss
 
 TEXT_TASKS, IMAGE_TASKS = ("understand", "text"), ("t2i", "edit")
 LABEL_HEIGHT = 12  # px of prompt text above each grid row
@@ -100,17 +102,17 @@ def _decode(assets: GenerationAssets, ids: list[int]) -> str:
 
 def held_out_loss(model: nn.Module, dataset: ParquetSampleDataset, indices: list[int], config: OwnEvalConfig
                   ) -> float:
-    """Mean objective loss of the samples `indices`, each laid out by `layout_eval` (module docstring)."""
+    """`HeldOutLoss` of the samples `indices`, each laid out by `layout_eval` (module docstring)."""
     source = LayoutSource(dataset, NoiseConfig(), config.noise_seed, eval_t=config.noise_t)
     objective = LuminaObjective().eval()
     device = next(model.parameters()).device
-    losses = []
+    held_out = HeldOutLoss(dataset.tokens.num_codebooks)
     with torch.no_grad():
         for i in indices:
             seq = source.sequence(i, 0)
             batch = collate_pack([seq], len(seq), dataset.tokens.pad, dataset.tokens.num_codebooks).to(device)
-            losses.append(float(objective(model(batch), batch).loss))
-    return sum(losses) / len(losses)
+            held_out.add(objective(model(batch), batch))
+    return held_out.scores()[0]
 
 
 def evaluate_own(model: nn.Module, assets: GenerationAssets, config: OwnEvalConfig) -> OwnEvalResult:
@@ -171,8 +173,7 @@ def sample_grid(rows: list[tuple[str, torch.Tensor, torch.Tensor]], gap: int = 2
         draw.text((0, top), label, fill="black")
         left = 0
         for image in (truth, generated):
-            array = ((image.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).cpu().numpy()
-            canvas.paste(Image.fromarray(array), (left, top + LABEL_HEIGHT))
+            canvas.paste(Image.fromarray(to_uint8(image)), (left, top + LABEL_HEIGHT))
             left += image.shape[2] + gap
         top += height
     return canvas

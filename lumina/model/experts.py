@@ -11,7 +11,9 @@ One computation, the SwiGLU of each expert over expert-sorted rows, in two forms
 
 Two callers: `grouped_swiglu` takes rows already sorted by expert (the expert-parallel path, after its
 all-to-all); `routed_swiglu` takes the T tokens and their `RoutedCopies` (the local path): gather -> SwiGLU ->
-weighted combine in one Function that keeps no [T*k, H] tensor for the backward."""
+weighted combine in one Function that keeps no [T*k, H] tensor for the backward. The combine's weight
+gradient has one formula, `combine_weight_grad`, used by the fused path and by `combine_copies` (the
+expert-parallel path and the reference)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -74,6 +77,47 @@ def sum_copies(rows: torch.Tensor, inverse: torch.Tensor, top_k: int,
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def row_weights(weights: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """weights [T, k] -> [T*k, 1]: the weight of each expert-sorted row (row n holds copy order[n])."""
+    return weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+
+
+def combine_weight_grad(grad_out: torch.Tensor, out: torch.Tensor, order: torch.Tensor,
+                        weights: torch.Tensor) -> torch.Tensor:
+    """The combine's one weight-gradient formula: d/dw[t, s] = <grad of token t, output of copy (t, s)>, per
+    expert-sorted row of grad_out, out [T*k, W] in the accumulation dtype (W = H, or I for the fused path's
+    <down^T grad, hidden>) -> [T, k] in slot order (order is a permutation: no scatter-add)."""
+    acc = accumulation_dtype(out.dtype)
+    per_row = torch.linalg.vecdot(grad_out.to(acc), out.to(acc))
+    return per_row.new_empty(per_row.shape).index_copy_(0, order, per_row).view_as(weights).to(weights.dtype)
+
+
+class _Combine(torch.autograd.Function):
+    """(rows [T*k, H] sorted by expert, weights fp32 [T, k]) -> sum_s w[t, s] * rows[inverse[t*k + s]] [T, H],
+    weighted and summed in fp32, returned in rows' dtype. Saves rows in their own dtype (no fp32 copy).
+    Backward works in the rows' order: grad_rows[n] = w[order[n]] * grad[order[n] // k] (no scatter)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,  # noqa: ANN001
+                inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows, weights, order)
+        return sum_copies(rows, inverse, weights.shape[1], weights).to(rows.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+        rows, weights, order = ctx.saved_tensors
+        upstream = grad.index_select(0, order // weights.shape[1]).float()  # each row's token gradient
+        grad_w = combine_weight_grad(upstream, rows, order, weights) if ctx.needs_input_grad[1] else None
+        return upstream.mul_(row_weights(weights, order)).to(rows.dtype), grad_w, None, None
+
+
+def combine_copies(rows: torch.Tensor, topk_weights: torch.Tensor, order: torch.Tensor,
+                   inverse: torch.Tensor) -> torch.Tensor:
+    """rows [T * k, H] sorted by expert (row n holds copy order[n]; copy t*k + s sits at row inverse[t*k + s])
+    -> sum_s w[t, s] * copy (t, s) [T, H] in rows' dtype, weighted and summed in fp32."""
+    return _Combine.apply(rows, topk_weights.float(), order, inverse)
+
+
 def reference_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                      tokens_per_expert: torch.Tensor) -> torch.Tensor:
     """rows [N, H] sorted by expert (runs of sizes tokens_per_expert int [E]) -> [N, H]: down_e(silu(gate_e x)
@@ -105,24 +149,24 @@ def _swiglu_forward(x: torch.Tensor, index: torch.Tensor | None, gate: torch.Ten
 
 def _swiglu_backward(grad: torch.Tensor, x: torch.Tensor, index: torch.Tensor | None, gate: torch.Tensor,
                      up: torch.Tensor, down: torch.Tensor, offsets: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
-                     needs: tuple[bool, ...],
-                     row_weight: torch.Tensor | None = None) -> list[torch.Tensor | None]:
-    """Gradients of (rows, row_weight, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y, scaled per row
-    by row_weight [N, 1] when given, from grad[index] (or grad) [N, H], the gradient of the unscaled rows'
-    output. Overwrites g and u. One H-wide buffer holds the rows' gradient, then the rows (gathered into it);
+                     needs: tuple[bool, ...], order: torch.Tensor | None = None,
+                     weights: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+    """Gradients of (rows, weights, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y, each row n scaled
+    by weights [T, k] at copy order[n] when given, from grad[index] (or grad) [N, H], the gradient of the
+    unscaled rows' output. Overwrites g and u. One H-wide buffer holds the rows' gradient, then the rows (gathered into it);
     the hidden product's buffer then holds the gradient of silu(gate x): no fresh tensor for either.
 
-    The row-weight gradient <grad_y, y_n> is taken as <down_e^T grad_y, hidden_n> (no y kept); row_weight is
-    applied to the I-wide tensors, never to an H-wide one."""
+    The weight gradient `combine_weight_grad` <grad_y, y_n> is taken as <down_e^T grad_y, hidden_n> (no y
+    kept); the row weight is applied to the I-wide tensors, never to an H-wide one."""
     need_rows, need_w, need_gate, need_up, need_down = needs
     grad_w = grad_gate = grad_up = grad_down = grad_rows = hidden = None
+    row_weight = None if weights is None else row_weights(weights, order)  # [N, 1]
     grad_y = _gather(grad, index)
     grad_hidden = torch._grouped_mm(grad_y, down, offs=offsets)  # [N, I]
     if need_w or need_down:
         hidden = F.silu(g).mul_(u)
         if need_w:
-            acc = accumulation_dtype(hidden.dtype)
-            grad_w = torch.linalg.vecdot(grad_hidden.to(acc), hidden.to(acc))  # [N]
+            grad_w = combine_weight_grad(grad_hidden, hidden, order, weights)  # [T, k]
         if need_down:
             if row_weight is not None:
                 hidden.mul_(row_weight)
@@ -217,16 +261,10 @@ class _RoutedSwiGLU(torch.autograd.Function):
         _refuse_second_backward(ctx)
         x, weights, gate, up, down, order, offsets, g, u = ctx.saved_tensors
         top_k = weights.shape[1]
-        tokens = order // top_k
-        row_weight = weights.reshape(-1).index_select(0, order).unsqueeze(-1)  # [T*k, 1]
-        grads = _swiglu_backward(grad, x, tokens, gate, up, down, offsets, g, u, tuple(ctx.needs_input_grad[:5]),
-                                 row_weight)
-        grad_rows, grad_w = grads[0], grads[1]
-        if grad_rows is not None:
-            grads[0] = sum_copies(grad_rows, inverse_permutation(order), top_k).to(x.dtype)
-        if grad_w is not None:  # [T*k] expert-sorted -> [T, k] (order is a permutation: no scatter-add)
-            slots = grad_w.new_empty(grad_w.shape).index_copy_(0, order, grad_w)
-            grads[1] = slots.view_as(weights).to(weights.dtype)
+        grads = _swiglu_backward(grad, x, order // top_k, gate, up, down, offsets, g, u,
+                                 tuple(ctx.needs_input_grad[:5]), order, weights)
+        if grads[0] is not None:
+            grads[0] = sum_copies(grads[0], inverse_permutation(order), top_k).to(x.dtype)
         return (*grads, None, None)
 
 
@@ -237,23 +275,16 @@ def routed_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: t
     SwiGLU -> weighted combine."""
     if _fused(backend, x, gate, down):
         return _RoutedSwiGLU.apply(x, copies.weights, gate, up, down, copies.order, tokens_per_expert)
-    top_k = copies.weights.shape[1]
-    rows = reference_swiglu(x.index_select(0, copies.order // top_k), gate, up, down, tokens_per_expert)
-    return sum_copies(rows, inverse_permutation(copies.order), top_k, copies.weights).to(x.dtype)
+    rows = reference_swiglu(x.index_select(0, copies.order // copies.weights.shape[1]), gate, up, down,
+                            tokens_per_expert)
+    return combine_copies(rows, copies.weights, copies.order, inverse_permutation(copies.order))
 
 
-def check_tokens_per_expert(tokens_per_expert: torch.Tensor, num_local_experts: int) -> None:
-    if tokens_per_expert.shape != (num_local_experts,):
-        raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
-                         f"[{num_local_experts}] (the local experts)")
-
-
-def swiglu_experts(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                   tokens_per_expert: torch.Tensor, backend: str, copies: RoutedCopies | None) -> torch.Tensor:
-    """`grouped_swiglu` on x [N, H] sorted by expert, or, with `copies`, `routed_swiglu` on x [T, H] tokens."""
-    if copies is None:
-        return grouped_swiglu(x, gate, up, down, tokens_per_expert, backend)
-    return routed_swiglu(x, gate, up, down, tokens_per_expert, copies, backend)
+def experts_per_rank(num_experts: int, ep: int) -> int:
+    """The experts each of `ep` expert-parallel ranks holds; ValueError unless ep divides num_experts."""
+    if num_experts % ep:
+        raise ValueError(f"num_experts={num_experts} is not divisible by the expert-parallel size ep={ep}")
+    return num_experts // ep
 
 
 class GroupedExperts(nn.Module):
@@ -271,13 +302,24 @@ class GroupedExperts(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for weight in (self.gate_proj, self.up_proj, self.down_proj):
-            nn.init.normal_(weight, mean=0.0, std=self.std)
+        """N(0, std); sharded over expert-parallel ranks, each rank draws its own slice."""
+        with torch.no_grad():
+            for weight in self.projections():
+                weight.normal_(mean=0.0, std=self.std)
+
+    def projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate, up, down) of this rank's experts: the local slices where expert parallelism made the
+        parameters DTensors (`lumina.distributed.shard_experts`), else the parameters."""
+        return tuple(w.to_local() if isinstance(w, DTensor) else w  # type: ignore[return-value]
+                     for w in (self.gate_proj, self.up_proj, self.down_proj))
 
     def forward(self, x: torch.Tensor, tokens_per_expert: torch.Tensor,
                 copies: RoutedCopies | None = None) -> torch.Tensor:
         """x [N, H] sorted by local expert; tokens_per_expert int [E_local] summing to N -> [N, H]. With
         `copies`: x [T, H] tokens, tokens_per_expert counting their T*k copies -> the weighted sum [T, H]."""
-        check_tokens_per_expert(tokens_per_expert, self.num_local_experts)
-        return swiglu_experts(x, self.gate_proj, self.up_proj, self.down_proj, tokens_per_expert, self.backend,
-                              copies)
+        if tokens_per_expert.shape != (self.num_local_experts,):
+            raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
+                             f"[{self.num_local_experts}] (the local experts)")
+        if copies is None:
+            return grouped_swiglu(x, *self.projections(), tokens_per_expert, self.backend)
+        return routed_swiglu(x, *self.projections(), tokens_per_expert, copies, self.backend)

@@ -37,6 +37,7 @@ from lumina.data.sources import LayoutSource
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.own_eval import task_of
 from lumina.objective import LuminaObjective
+from lumina.objective.held_out import HeldOutLoss
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +61,18 @@ def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[
                 seq_len: int) -> tuple[float, float, list[float]]:
     """(loss, answer-token accuracy, image loss per codebook [C]) of `samples` laid out by `layout_eval`,
     packed in order into packs of at most `seq_len` tokens (a longer sample is a pack of its own); the packs'
-    losses are averaged weighted by their scored answer tokens (an image cell counts once per codebook, as in
-    the accuracy), the codebooks' by their image cells (empty without image answers)."""
+    losses averaged by `HeldOutLoss`."""
     device = next(model.parameters()).device
     packs: list[list] = [[]]
     for seq in (layout_eval(s, tokens, noise, seed, t) for s in samples):
         if packs[-1] and sum(len(q) for q in packs[-1]) + len(seq) > seq_len:
             packs.append([])
         packs[-1].append(seq)
-    loss = right = count = cells = 0.0
-    per_codebook = torch.zeros(num_codebooks, dtype=torch.float64)
+    held_out = HeldOutLoss(num_codebooks)
     for pack in packs:
         batch = collate_pack(pack, sum(len(q) for q in pack), tokens.pad, num_codebooks).to(device)
-        result = objective(model(batch), batch)
-        n = result.text_targets.numel() + result.image_targets.numel()
-        loss += float(result.loss) * n
-        right += float((result.text_preds == result.text_targets).sum() +
-                       (result.image_preds == result.image_targets).sum())
-        count += n
-        per_codebook += result.image_loss_per_codebook.double().cpu() * result.image_targets.shape[0]
-        cells += result.image_targets.shape[0]
-    return loss / max(count, 1), right / max(count, 1), (per_codebook / cells).tolist() if cells else []
+        held_out.add(objective(model(batch), batch))
+    return held_out.scores()
 
 
 def conditioning_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample],

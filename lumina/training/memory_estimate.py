@@ -71,6 +71,8 @@ import torch
 from lumina.model.channel_head import MultiCodebookHead
 from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
+from lumina.model.dtypes import float_dtype, float_dtype_of_size
+from lumina.model.experts import experts_per_rank
 from lumina.model.linear_ce import auto_chunk_rows
 from lumina.model.lumina_model import LuminaModel
 from lumina.model.params import ParameterCounts, parameter_counts
@@ -78,7 +80,6 @@ from lumina.model.supervision import PackRows
 from lumina.training.trainable import mark_trainable
 
 FP32, INT64, BOOL = 4, 8, 1
-DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}  # activation bytes -> dtype
 _CHANNEL_HEAD_BYTES: dict[tuple[str, int], int] = {}  # by (repr(config), activation bytes)
 GIB = 2**30
 OPTIMIZERS = {"adamw": 2, "sgd": 0}  # states per parameter
@@ -109,8 +110,8 @@ class Precision:
             raise ValueError(f"trainer.precision={trainer_precision!r}: not a precision the estimate knows")
         wide = 8 if text.startswith("64") else FP32
         params = 2 if half and text.endswith("-true") else wide
-        activations = 2 if half or param_dtype in ("bfloat16", "float16") else wide
-        gathered = 2 if param_dtype in ("bfloat16", "float16") else params
+        gathered = 2 if param_dtype and float_dtype("param_dtype", param_dtype).itemsize == 2 else params
+        activations = 2 if half or gathered == 2 else wide
         return cls(params, activations, gathered)
 
     @property
@@ -205,9 +206,10 @@ def channel_head_bytes_per_row(config: LuminaConfig, a: int) -> int:
     fp32 they match to about 0.5% per row, in bf16 they keep about 10% more around the attention."""
     key = (repr(config), a)
     if key not in _CHANNEL_HEAD_BYTES:
+        dtype = float_dtype_of_size(a)
         with torch.device("meta"):
-            head = MultiCodebookHead(config).to(DTYPES[a])
-        _CHANNEL_HEAD_BYTES[key] = (_saved_bytes(head, 4, DTYPES[a]) - _saved_bytes(head, 2, DTYPES[a])) // 2
+            head = MultiCodebookHead(config).to(dtype)
+        _CHANNEL_HEAD_BYTES[key] = (_saved_bytes(head, 4, dtype) - _saved_bytes(head, 2, dtype)) // 2
     return _CHANNEL_HEAD_BYTES[key]
 
 
@@ -349,8 +351,9 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         raise ValueError(f"optimizer={optimizer!r}: must be one of {tuple(OPTIMIZERS)}")
     _positive_int("shard", shard)
     _positive_int("ep", ep)
-    if shard % ep or config.num_experts % ep:
-        raise ValueError(f"ep={ep}: must divide shard={shard} and num_experts={config.num_experts}")
+    if shard % ep:
+        raise ValueError(f"ep={ep}: must divide shard={shard}")
+    experts_per_rank(config.num_experts, ep)
     backend = resolve_backend(attn_backend or config.attn_backend)
     if rows.positions != seq_len:
         raise ValueError(f"rows.positions={rows.positions}: the pack's rows must number seq_len={seq_len}")

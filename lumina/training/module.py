@@ -25,6 +25,7 @@ from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.model.config import LuminaConfig
 from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
+from lumina.objective.held_out import scored_targets
 from lumina.training.memory import peak_memory_gib
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
@@ -117,12 +118,14 @@ class LuminaModule(L.LightningModule):
     def validation_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
         result = self._objective(batch)
         self.val_acc.update(result.text_preds, result.text_targets, result.image_preds, result.image_targets)
-        log = dict(on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
-        self.log("val/loss", result.loss.detach(), prog_bar=True, **log)
-        self.log("val/text_loss", result.text_loss, **log)
-        self.log("val/image_loss", result.image_loss, **log)
+        # the held-out loss rule (`HeldOutLoss`): Lightning's epoch mean weighted by the scored targets
+        log = dict(on_step=False, on_epoch=True, sync_dist=True)
+        cells = max(result.image_targets.shape[0], 1)
+        self.log("val/loss", result.loss.detach(), prog_bar=True, batch_size=max(scored_targets(result), 1), **log)
+        self.log("val/text_loss", result.text_loss, batch_size=max(result.text_targets.numel(), 1), **log)
+        self.log("val/image_loss", result.image_loss, batch_size=max(result.image_targets.numel(), 1), **log)
         for c, value in enumerate(result.image_loss_per_codebook):
-            self.log(f"val/image_loss/cb{c}", value, **log)
+            self.log(f"val/image_loss/cb{c}", value, batch_size=cells, **log)
         return result.loss
 
     def on_validation_epoch_end(self) -> None:

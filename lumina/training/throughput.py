@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary import ModelSummary
 
 from lumina.model.config import LuminaConfig
+from lumina.model.dtypes import FLOAT_DTYPES
 from lumina.model.flops import batch_flops, nominal_attention_pairs, training_flops
 from lumina.model.supervision import PackRows
 
@@ -42,11 +43,7 @@ PEAK_BF16_TFLOPS = {"H200 NVL": 835.0, "H200": 989.0, "H100 NVL": 835.0, "H100 P
 def compute_dtype(precision: object) -> torch.dtype:
     """The GEMM dtype of a Lightning precision setting ("32-true", "bf16-mixed", "16-mixed", ...)."""
     name = str(precision)
-    if "bf16" in name:
-        return torch.bfloat16
-    if name.startswith("16"):
-        return torch.float16
-    return torch.float64 if name.startswith("64") else torch.float32
+    return FLOAT_DTYPES.get("bf16" if "bf16" in name else "fp" + name.split("-")[0], torch.float32)
 
 
 def table_peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from lumina.data.pixels import to_uint8
 from lumina.data.tokenizers.atoken import ATokenTokenizer, ATokenUnavailable
 from lumina.data.tokenizers.visual import VisualTokenizerRecord
 from lumina.data.visual_tokenizers import load_visual_tokenizer
@@ -121,7 +122,7 @@ def test_build_codes_video_frames_in_fours_and_names_a_video_it_cannot_code(atok
 
     frames, expected = painted(1, 2, frames=4)  # 4 frames of 16 x 32 px: one frame group, grid (1, 1, 2)
     for i, frame in enumerate(frames):
-        Image.fromarray(((frame + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()).save(tmp_path / f"f{i}.png")
+        Image.fromarray(to_uint8(frame)).save(tmp_path / f"f{i}.png")
     rows = [{"id": n, "turns": [{"role": "user", "parts": [{"kind": "video", "files": [f"f{i}.png" for i in range(k)]},
                                                           {"kind": "text", "ids": [5]}]},
                                 {"role": "assistant", "parts": [{"kind": "text", "ids": [6]}]}]}

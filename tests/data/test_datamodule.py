@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from sample_helpers import NEWLINE
+from synthetic_source import SyntheticSource
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.layout import layout_eval, layout_sample
@@ -16,7 +17,7 @@ from lumina.data.mixture import MixturePlan
 from lumina.data.noise import NoiseConfig
 from lumina.data.plan import PackSchedule
 from lumina.data.schema import Media, Sample, Text, Turn
-from lumina.data.sources import LayoutSource, MixtureSource, SyntheticSource
+from lumina.data.sources import LayoutSource, MixtureSource
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import InMemorySampleDataset
 

@@ -7,10 +7,10 @@ import logging
 
 import numpy as np
 import pytest
+from synthetic_source import SyntheticSource
 
 from lumina.data.dataset import keys_for
 from lumina.data.plan import PLAN_VERSION, PackSchedule, deal, padding_packs, plan_epoch, steps_left
-from lumina.data.sources import SyntheticSource
 
 BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8, 14, 2, 3, 4, 13, 5, 6]
 

@@ -18,9 +18,9 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from synthetic_source import SyntheticSource
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.sources import SyntheticSource
 
 BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8, 14, 2, 3, 4, 13, 5, 6, 7, 2, 9]
 SEQ_LEN = 16

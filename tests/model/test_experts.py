@@ -8,8 +8,14 @@ import torch.nn.functional as F
 from model_helpers import make_batch
 
 from lumina.model import GroupedExperts, LocalDispatcher, LuminaConfig, LuminaModel, MoE
-from lumina.model.dispatch import combine_copies, group_by_expert
-from lumina.model.experts import grouped_mm_supported, grouped_swiglu, inverse_permutation
+from lumina.model.dispatch import group_by_expert
+from lumina.model.experts import (
+    combine_copies,
+    experts_per_rank,
+    grouped_mm_supported,
+    grouped_swiglu,
+    inverse_permutation,
+)
 
 E, H, INTER, K = 8, 32, 16, 2
 
@@ -216,3 +222,9 @@ def test_bf16_combine_weighs_and_sums_in_fp32() -> None:
     assert torch.equal(out, want.to(torch.bfloat16))  # k = 2: the fp32 sum is exact to the bit, rounded once
     torch.testing.assert_close(x.grad.float(), 3 * weights.sum(1, keepdim=True) * g.float(), rtol=2**-7, atol=1e-2)
     torch.testing.assert_close(w.grad, (g.float().unsqueeze(1) * copies).sum(-1).expand(-1, K), rtol=1e-5, atol=1e-5)
+
+
+def test_ep_must_divide_the_experts() -> None:
+    assert experts_per_rank(8, 2) == 4
+    with pytest.raises(ValueError, match=r"num_experts=8 is not divisible by the expert-parallel size ep=3"):
+        experts_per_rank(8, 3)
