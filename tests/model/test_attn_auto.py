@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_helpers import MIXED_TYPES, make_batch
 
-from lumina.attention import BACKENDS, backend_calls, reset_backend_calls, resolve_backend
+from lumina.attention import BACKENDS, resolve_backend
 from lumina.attention.backends import flash_varlen
 from lumina.model import LuminaConfig, LuminaModel
 
@@ -16,7 +16,9 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="auto means segme
 
 
 def test_explicit_names_are_returned_unchanged() -> None:
-    assert [resolve_backend(name) for name in BACKENDS] == list(BACKENDS)
+    names = BACKENDS.names()
+    assert set(names) == {"sdpa_dense", "segmented", "flex", "flash_varlen"}  # found by scanning the package
+    assert [resolve_backend(name) for name in names] == list(names)
 
 
 @no_cuda
@@ -33,14 +35,19 @@ def test_auto_on_cuda_prefers_flash_attn_then_flex(monkeypatch: pytest.MonkeyPat
 
 
 def test_unknown_names_raise_naming_the_value() -> None:
-    with pytest.raises(ValueError, match="attn_backend='xformers' is not one of"):
+    choices = "choose one of flash_varlen, flex, sdpa_dense, segmented"
+    with pytest.raises(ValueError, match=f"attn_backend='xformers': no attention backend of that name; {choices}"):
         resolve_backend("xformers")
-    with pytest.raises(ValueError, match="LuminaConfig.attn_backend='Auto'"):
+    with pytest.raises(ValueError, match=f"LuminaConfig.attn_backend='Auto': .*{choices}"):
         LuminaConfig.tiny(attn_backend="Auto")
+    with pytest.raises(ValueError, match="LuminaConfig.attn_rule='R1-R8': .*choose one of full, simple"):
+        LuminaConfig.tiny(attn_rule="R1-R8")
+    with pytest.raises(ValueError, match="LuminaConfig.attn_backend='my_pkg.Attention': cannot import module"):
+        LuminaConfig.tiny(attn_backend="my_pkg.Attention")
 
 
 @no_cuda
-def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model() -> None:
+def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model(attend_calls) -> None:
     torch.manual_seed(0)
     auto = LuminaModel(LuminaConfig.tiny())
     explicit = LuminaModel(LuminaConfig.tiny(attn_backend="segmented"))
@@ -49,10 +56,10 @@ def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model() -
     assert auto.model.attn_backend == "segmented"  # ... the model holds what it resolved to
     batch = make_batch(MIXED_TYPES, seed=3)
 
-    reset_backend_calls()
+    attend_calls.clear()
     with torch.no_grad():
         out = auto(batch)
-    assert backend_calls() == {"segmented": auto.config.num_hidden_layers}
+    assert dict(attend_calls) == {"segmented": auto.config.num_hidden_layers}
     with torch.no_grad():
         ref = explicit(batch)
     assert torch.equal(out.hidden, ref.hidden)
