@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from attn_helpers import forbid_host_reads, random_pack
 from test_backends import HEAD_DIM, HEADS, KV_HEADS, TOLERANCE, qkv, run
 
 from lumina.attention import attend, build_spec
+from lumina.attention.backends.segmented import Segmented
 
 CUDA = torch.cuda.is_available()
 
@@ -133,3 +136,28 @@ def test_flash_varlen_matches_dense_on_plain_segments(attend_calls):
     batch.turn_ids.fill_(0)
     assert_cuda_backend_matches_dense("flash_varlen", batch, torch.bfloat16, seed=5, attend_calls=attend_calls)
     assert KV_HEADS < HEADS  # the GQA path ran
+
+
+class NeverServes(Segmented):
+    """A backend of the user's own (named by dotted path), which never serves a call."""
+
+    name = "never_serves"
+
+    @staticmethod
+    def unavailable(q, k, v, spec):
+        return "this test's backend serves nothing"
+
+
+def test_a_fallback_is_logged_once_and_every_call_reaches_the_hook(attend_calls, caplog):
+    batch = random_pack(0, [16, 24], tail=4)
+    tensors = qkv(batch.seq_len, torch.float32)
+    spec = build_spec(batch, backend=f"{__name__}.NeverServes")
+    with caplog.at_level(logging.WARNING, logger="lumina"):
+        outs = [attend(*tensors, spec) for _ in range(3)]
+    assert dict(attend_calls) == {f"fallback:{__name__}.NeverServes->segmented": 3, "segmented": 3}
+    warnings = [r.getMessage() for r in caplog.records if "falling back" in r.getMessage()]
+    assert warnings == [f"attention backend '{__name__}.NeverServes' cannot serve this call (this test's backend "
+                        "serves nothing); falling back to 'segmented' (logged once)"]
+    torch.testing.assert_close(outs[0], attend(*tensors, build_spec(batch, backend="segmented")), atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="NeverServes' cannot serve this call .strict mode.: this test's"):
+        attend(*tensors, build_spec(batch, backend=f"{__name__}.NeverServes", strict=True))

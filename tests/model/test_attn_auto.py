@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_helpers import MIXED_TYPES, make_batch
 
-from lumina.attention import BACKENDS, resolve_backend
+from lumina.attention import BACKENDS, Backend, Pairs, resolve_backend
 from lumina.attention.backends import flash_varlen
 from lumina.model import LuminaConfig, LuminaModel
 
@@ -76,3 +76,36 @@ def test_the_chosen_backend_is_logged_once_per_build(caplog: pytest.LogCaptureFi
     assert lines == ["attention backend: segmented (attn_backend=auto)",
                      "attention backend: sdpa_dense (attn_backend=sdpa_dense)"]
     assert all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in lines)
+
+
+class PlainMath(Backend):
+    """A backend of the user's own, in one class: softmax(q k^T / sqrt(hd) + mask) v written out, counted as
+    dense pairs."""
+
+    name = "plain_math"
+    pairs = Pairs.DENSE
+
+    @staticmethod
+    def forward(q, k, v, spec):
+        allowed = spec.allowed(slice(None), slice(None))[:, None]  # [1, 1, Lq, Lk]
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return torch.softmax(scores.masked_fill(~allowed, torch.finfo(q.dtype).min), dim=-1) @ v
+
+
+def test_a_backend_of_ones_own_by_dotted_path(attend_calls) -> None:
+    """One class, named in the config: the model runs it (the hook sees it serve every layer), its output
+    equals sdpa_dense's, and the FLOP count follows its declared pairs."""
+    from lumina.model.flops import attention_pairs
+
+    path = f"{__name__}.PlainMath"
+    torch.manual_seed(0)
+    mine = LuminaModel(LuminaConfig.tiny(attn_backend=path))
+    dense = LuminaModel(LuminaConfig.tiny(attn_backend="sdpa_dense"))
+    dense.load_state_dict(mine.state_dict())
+    batch = make_batch(MIXED_TYPES, seed=3)
+    with torch.no_grad():
+        out, ref = mine(batch), dense(batch)
+    assert dict(attend_calls) == {path: mine.config.num_hidden_layers, "sdpa_dense": dense.config.num_hidden_layers}
+    torch.testing.assert_close(out.hidden, ref.hidden, atol=1e-5, rtol=1e-5)
+    assert attention_pairs(batch, path) == attention_pairs(batch, "sdpa_dense") == batch.seq_len ** 2
