@@ -204,3 +204,26 @@ def test_a_rule_that_reports_nothing_final_and_user_rules_by_dotted_path():
 class EverythingVisible(AttentionRule):
     def allow(self, q, k):
         return torch.ones_like(q.is_clean & k.is_clean)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["flex", "flash_varlen"])
+def test_query_subset_on_cuda(backend, attend_calls):
+    """flex (with gradients) and flash_varlen (plain segments: separate query and key cu_seqlens) on CUDA."""
+    if backend == "flash_varlen":
+        pytest.importorskip("flash_attn")
+    batch = random_pack(4, [100, 37, 211, 100], tail=64, invalid_frac=0.0)
+    if backend == "flash_varlen":
+        batch.block_ids.fill_(-1)
+        batch.is_clean.fill_(True)
+        batch.turn_ids.fill_(0)
+    queries, rows = query_rows(batch, seed=2)
+    batch, queries, rows = batch.to("cuda"), queries.to("cuda"), rows.cuda()
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, HEADS, batch.seq_len, HEAD_DIM, generator=g).cuda().bfloat16()
+    k, v = (torch.randn(1, KV_HEADS, batch.seq_len, HEAD_DIM, generator=g).cuda().bfloat16() for _ in range(2))
+    whole = attend(q, k, v, build_spec(batch, backend=backend, strict=True))
+    part = attend(q[:, :, rows], k, v, build_spec(queries, backend=backend, strict=True, keys=batch))
+    assert dict(attend_calls) == {backend: 2}
+    torch.testing.assert_close(part, whole[:, :, rows], atol=2e-2, rtol=2e-2)
