@@ -34,6 +34,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpe
     _check_shapes(q, k, v, spec)
     backend = backend_class(spec.backend)
     reason = backend.unavailable(q, k, v, spec)
+    if reason is None and q.device.type not in backend.devices:
+        reason = f"runs on {'/'.join(backend.devices)} tensors, got device {q.device}"
     served = spec.backend
     if reason is not None:
         if spec.strict:

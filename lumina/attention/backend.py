@@ -39,7 +39,8 @@ class Backend:
     """One way to compute packed block-diffusion attention. Subclasses set the class variables and implement
     `forward` (and `unavailable` when some calls are beyond them).
 
-    name: the registered name (`attn_backend`). devices: torch device types it runs on. pairs: its FLOP
+    name: the registered name (`attn_backend`). devices: torch device types it runs on (`attend` falls back on
+    others). pairs: its FLOP
     convention. plans_runs: `build_spec` decides, with its one host read, which runs of segments the rule
     leaves unmasked (the backend reads `spec.run_plain`). auto_rank: `attn_backend: auto` picks the highest
     rank among the backends whose `auto_here()` holds (None: never picked by auto). `spec` is the call's

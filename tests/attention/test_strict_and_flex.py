@@ -47,8 +47,22 @@ def test_flash_varlen_unavailable_reasons(attend_calls):
     attend_calls.clear()
     attend(*tensors, build_spec(random_pack(0, [16, 24]), backend="flash_varlen"))
     assert dict(attend_calls) == {"fallback:flash_varlen->segmented": 1, "segmented": 1}
-    with pytest.raises(RuntimeError, match="flash-attn is not installed|needs CUDA|fp16/bf16"):
+    with pytest.raises(RuntimeError, match="flash-attn is not installed|runs on cuda tensors, got device cpu|fp16/bf16"):
         attend(*tensors, build_spec(random_pack(0, [16, 24]), backend="flash_varlen", strict=True))
+
+
+@pytest.mark.skipif(CUDA, reason="CPU-only behaviour")
+def test_a_backend_refuses_devices_its_class_does_not_name(monkeypatch):
+    from lumina.attention.backends import flash_varlen
+
+    monkeypatch.setattr(flash_varlen, "flash_attn_varlen_func", object())  # as if flash-attn imported
+    batch = random_pack(0, [16, 24], invalid_frac=0.0)
+    batch.block_ids.fill_(-1)
+    batch.is_clean.fill_(True)
+    batch.turn_ids.fill_(0)  # plain segments: only the device is wrong
+    tensors = [t.bfloat16() for t in qkv(40, torch.float32)]
+    with pytest.raises(RuntimeError, match="'flash_varlen' cannot serve .*: runs on cuda tensors, got device cpu"):
+        attend(*tensors, build_spec(batch, backend="flash_varlen", strict=True))
 
 
 @pytest.mark.slow

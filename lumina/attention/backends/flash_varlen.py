@@ -37,8 +37,6 @@ class FlashVarlen(Backend):
     def unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> str | None:
         if flash_attn_varlen_func is None:
             return "flash-attn is not installed"
-        if not q.is_cuda:
-            return f"flash-attn needs CUDA tensors, got device {q.device}"
         if q.dtype not in (torch.float16, torch.bfloat16):
             return f"flash-attn needs fp16/bf16, got {q.dtype}"
         if q.shape[0] != 1:
