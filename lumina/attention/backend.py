@@ -77,7 +77,10 @@ def register_backend(cls: type[Backend]) -> type[Backend]:
 
 
 def backend_class(name: str, field: str = "attn_backend") -> type[Backend]:
-    """The backend registered as `name` (or at a dotted path); ValueError naming `field` otherwise."""
+    """The backend registered as `name` (or at a dotted path); ValueError naming `field` otherwise ("auto"
+    names no backend: `lumina.attention.resolve_backend` turns it into one)."""
+    if name == "auto":
+        raise ValueError(f"{field}='auto' names no backend: resolve it first (lumina.attention.resolve_backend)")
     cls = BACKENDS.get(name, field)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ValueError(f"{field}={name!r}: {cls!r} is not a lumina.attention.backend.Backend subclass")
