@@ -109,3 +109,18 @@ def test_a_backend_of_ones_own_by_dotted_path(attend_calls) -> None:
     assert dict(attend_calls) == {path: mine.config.num_hidden_layers, "sdpa_dense": dense.config.num_hidden_layers}
     torch.testing.assert_close(out.hidden, ref.hidden, atol=1e-5, rtol=1e-5)
     assert attention_pairs(batch, path) == attention_pairs(batch, "sdpa_dense") == batch.seq_len ** 2
+
+
+def test_the_config_names_the_attention_rule() -> None:
+    """attn_rule reaches the model's spec: on a pack with block ids, auto is the official full rules, and
+    forcing the simple rules changes the output."""
+    batch = make_batch(MIXED_TYPES, seed=3, clean=False)
+    batch.block_ids[0, 5:] = torch.tensor([0, 0, 1, 0, 0, 0, 0, 0, 1])  # the answer rows' blocks
+    outs = {}
+    for rule in ("auto", "full", "simple"):
+        torch.manual_seed(0)
+        model = LuminaModel(LuminaConfig.tiny(attn_rule=rule))
+        with torch.no_grad():
+            outs[rule] = model(batch).hidden
+    assert torch.equal(outs["auto"], outs["full"])
+    assert not torch.allclose(outs["auto"], outs["simple"], atol=1e-3)
