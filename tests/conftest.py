@@ -41,3 +41,23 @@ def atoken_files(tmp_path, monkeypatch) -> dict[str, str]:
 def atoken_module_files(tmp_path_factory) -> dict[str, str]:
     """`write_atoken_standin` for a whole module (the paths passed explicitly, no environment)."""
     return write_atoken_standin(tmp_path_factory.mktemp("atoken"))
+
+
+@pytest.fixture
+def attend_calls():
+    """A Counter of the `attend` calls made while the test runs, read through the attend hook: the backend that
+    served each call, and "fallback:<asked>-><served>" for each fallback. `.clear()` it to start over."""
+    from collections import Counter
+
+    from lumina.attention import register_attend_hook
+
+    calls: Counter[str] = Counter()
+
+    def record(call) -> None:
+        if call.fallback_reason is not None:
+            calls[f"fallback:{call.requested}->{call.served}"] += 1
+        calls[call.served] += 1
+
+    handle = register_attend_hook(record)
+    yield calls
+    handle.remove()

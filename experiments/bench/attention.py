@@ -32,7 +32,7 @@ import argparse
 import torch
 from timing import interleaved_medians, synced
 
-from lumina.attention import attend, backend_calls, build_spec, reset_backend_calls
+from lumina.attention import attend, build_spec, register_attend_hook
 from lumina.data import PackedBatch
 
 MIX = (1210, 806, 512, 431, 301, 260, 198, 150, 118, 60, 50)  # realistic mix, sums to 4096 with 0 tail
@@ -105,11 +105,12 @@ def bench_pack(name: str, batch: PackedBatch, args, backends: list[str]) -> None
     print("| backend | fwd+bwd median s | fwd+bwd speed-up | fwd-only median s | fwd-only speed-up |")
     print("|---|---|---|---|---|")
     trainable = [b for b in backends if b != "flex" or device.type == "cuda"]
-    reset_backend_calls()
+    served: set[str] = set()  # the backend that served each attend call (strict: never a fallback)
+    hook = register_attend_hook(lambda call: served.add(call.served))
     train = interleaved_medians({b: synced(fwd_bwd(b), device) for b in trainable}, args.reps)
     forward = interleaved_medians({b: synced(fwd(b), device) for b in backends}, args.reps)
-    served = backend_calls()
-    assert set(served) == set(backends), f"not every backend served its own calls: {served}"
+    hook.remove()
+    assert served == set(backends), f"not every backend served its own calls: {served}"
     for backend in backends:
         train_cell, train_up = "n/a (no CPU backward)", ""
         if backend in train:

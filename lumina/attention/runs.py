@@ -1,4 +1,4 @@
-"""Runs of adjacent equal-length segments: the unit of one batched SDPA call in the segmented backend."""
+"""Runs of adjacent segments of equal lengths: the unit of one batched SDPA call in the segmented backend."""
 
 from __future__ import annotations
 
@@ -7,24 +7,34 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Run:
-    """`count` adjacent segments of `length` tokens from position `start`."""
+    """`count` adjacent segments of `q_length` query rows from `q_start` and `k_length` key rows from
+    `k_start` (the same when queries are the keys)."""
 
-    start: int
-    length: int
+    q_start: int
+    q_length: int
+    k_start: int
+    k_length: int
     count: int
 
     @property
-    def size(self) -> int:
-        return self.length * self.count
+    def q_size(self) -> int:
+        return self.q_length * self.count
+
+    @property
+    def k_size(self) -> int:
+        return self.k_length * self.count
 
 
-def group_runs(bounds: tuple[int, ...]) -> tuple[Run, ...]:
-    """Host bounds -> runs, in position order (host only, no device work)."""
+def group_runs(q_bounds: tuple[int, ...], k_bounds: tuple[int, ...] | None = None) -> tuple[Run, ...]:
+    """Host bounds of the queries' and the keys' segments (k_bounds None: the queries are the keys) -> runs,
+    in position order (host only, no device work)."""
+    k_bounds = q_bounds if k_bounds is None else k_bounds
     runs: list[Run] = []
-    for start, end in zip(bounds, bounds[1:], strict=False):
-        length = end - start
-        if runs and runs[-1].length == length:
-            runs[-1] = Run(runs[-1].start, length, runs[-1].count + 1)
+    for qa, qb, ka, kb in zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:], strict=False):
+        lq, lk = qb - qa, kb - ka
+        last = runs[-1] if runs else None
+        if last is not None and (last.q_length, last.k_length) == (lq, lk):
+            runs[-1] = Run(last.q_start, lq, last.k_start, lk, last.count + 1)
         else:
-            runs.append(Run(start, length, 1))
+            runs.append(Run(qa, lq, ka, lk, 1))
     return tuple(runs)

@@ -1,30 +1,31 @@
 """`resolve_backend`: what `attn_backend: auto` means on this machine (decided once, when the model is built).
 
-auto -> "flash_varlen" where CUDA is available and flash-attn imports, else "flex" on CUDA, else "segmented".
+auto -> the registered backend of highest `auto_rank` whose `auto_here()` holds: flash_varlen where CUDA is
+available and flash-attn imports, else flex on CUDA, else segmented.
 """
 
 from __future__ import annotations
 
-import torch
-
-from lumina.attention.backends import flash_varlen
-from lumina.attention.spec import BACKENDS
+from lumina.attention.backend import BACKENDS, backend_class
 
 AUTO = "auto"
 
 
-def flash_attn_imports() -> bool:
-    """Whether flash-attn's varlen kernel imported (the flash_varlen backend tried once, at import)."""
-    return flash_varlen.flash_attn_varlen_func is not None
-
-
-def resolve_backend(name: str) -> str:
-    """An explicit backend name is returned unchanged; "auto" becomes the best backend this machine serves.
-    Raises ValueError naming any other value."""
-    if name in BACKENDS:
-        return name
+def resolve_backend(name: str, field: str = "attn_backend") -> str:
+    """An explicit backend name (or dotted path) is returned unchanged; "auto" becomes the best backend this
+    machine serves. Raises ValueError naming `field`, the value and the registered names otherwise."""
     if name != AUTO:
-        raise ValueError(f"attn_backend={name!r} is not one of {(AUTO, *BACKENDS)}")
-    if not torch.cuda.is_available():
-        return "segmented"
-    return "flash_varlen" if flash_attn_imports() else "flex"
+        backend_class(name, field)
+        return name
+    ranked = [backend_class(n) for n in BACKENDS.names()]
+    ranked = [cls for cls in ranked if cls.auto_rank is not None and cls.auto_here()]
+    if not ranked:
+        raise ValueError(f"{field}=auto: no registered attention backend serves this machine "
+                         f"({', '.join(BACKENDS.names())})")
+    return max(ranked, key=lambda cls: cls.auto_rank).name
+
+
+def check_backend_name(name: str, field: str = "attn_backend") -> None:
+    """Raise ValueError naming `field` unless `name` is "auto" or names a backend."""
+    if name != AUTO:
+        backend_class(name, field)

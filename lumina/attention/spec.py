@@ -1,8 +1,12 @@
 """`AttentionSpec`: everything attention needs about one packed batch, validated and built once per forward.
 
 The model calls `build_spec(batch)` once; every layer passes the same spec to `attend`. All host work (the
-segment bounds, the rule-set choice, validation) happens here; backends cache their masks/tables lazily in
-`spec.cache`, keyed per dtype, so the first layer builds them and the rest reuse them.
+segment bounds, the rule, validation) happens here; backends cache their masks/tables lazily in `spec.cache`,
+keyed per dtype, so the first layer builds them and the rest reuse them.
+
+Queries may be fewer than keys (a key/value cache): `build_spec(queries, keys=keys)` takes the query rows and
+the key rows as two packs with the same number of segments, segment i of the queries attending segment i of
+the keys, each side with its own metadata. Without `keys` the queries are the keys (self-attention).
 """
 
 from __future__ import annotations
@@ -14,38 +18,46 @@ from typing import Any
 
 import torch
 
+from lumina.attention.backend import backend_class
 from lumina.attention.bounds import check_bounds, resolve_seg_bounds
-from lumina.attention.rules import rules_allow, segment_ids
+from lumina.attention.rules import AUTO, AttentionRule, Rows, resolve_rule, segment_ids
 from lumina.attention.runs import Run, group_runs
 from lumina.data.batch import PackedBatch
 
-BACKENDS = ("sdpa_dense", "segmented", "flex", "flash_varlen")
-PLAN_BACKENDS = ("segmented", "flex", "flash_varlen")  # segmented serves them or is their fallback
 STRICT_ENV = "LUMINA_ATTN_STRICT"
 ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 
 
 @dataclass(eq=False)
-class AttentionSpec:
-    """Per-token vectors ([1, S]) plus host facts of one pack.
+class Side:
+    """The queries or the keys of a pack: bounds (cu_seqlens on the host; positions >= bounds[-1] are tail
+    padding), seg_id [1, L] (tail = number of segments), valid [1, L], rows: `Rows` of [1, L] tensors."""
 
-    bounds: segment bounds (cu_seqlens on the host); positions >= bounds[-1] are tail padding.
-    seg_id: segment index per position (tail = number of segments). full_rules: rules R1-R8, else S1-S3.
-    num_invalid: positions with token_valid false (such rows attend nothing).
-    runs: adjacent equal-length segments grouped; run_plain: per run, whether the rule allows every pair
-    inside it (computed in build_spec for the backends that use it, else None).
+    bounds: tuple[int, ...]
+    seg_id: torch.Tensor
+    valid: torch.Tensor
+    rows: Rows
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+
+@dataclass(eq=False)
+class AttentionSpec:
+    """The queries and keys of one pack plus host facts.
+
+    rule: the attention rule in force. num_invalid: query rows with token_valid false (they attend nothing:
+    the official fully masked row). runs: adjacent segments of equal (query, key) lengths grouped;
+    run_plain: per run, whether the rule allows every pair inside it (computed in build_spec for the
+    backends that plan runs, else on first use).
     """
 
     backend: str
     strict: bool
-    bounds: tuple[int, ...]
-    seg_id: torch.Tensor
-    valid: torch.Tensor
-    type_ids: torch.Tensor
-    turn_ids: torch.Tensor
-    block_ids: torch.Tensor
-    is_clean: torch.Tensor
-    full_rules: bool
+    rule: AttentionRule
+    queries: Side
+    keys: Side
     num_invalid: int
     runs: tuple[Run, ...] = ()
     run_plain: tuple[bool, ...] | None = None
@@ -53,7 +65,25 @@ class AttentionSpec:
 
     @property
     def seq_len(self) -> int:
-        return self.valid.shape[1]
+        """Query rows Lq."""
+        return self.queries.length
+
+    @property
+    def key_len(self) -> int:
+        """Key rows Lk (= Lq in self-attention)."""
+        return self.keys.length
+
+    @property
+    def bounds(self) -> tuple[int, ...]:
+        return self.queries.bounds
+
+    @property
+    def seg_id(self) -> torch.Tensor:
+        return self.queries.seg_id
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.queries.valid
 
     @property
     def has_invalid(self) -> bool:
@@ -63,20 +93,35 @@ class AttentionSpec:
     def lengths(self) -> tuple[int, ...]:
         return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
 
+    def final_rows(self) -> torch.Tensor:
+        """[1, Lk] bool: key rows the rule makes final (valid rows only; see `AttentionRule.final_rows`)."""
+        keys = self.keys
+        final = self.rule.final_rows(Rows(*(t[0] for t in keys.rows)), keys.seg_id[0])
+        return (final & keys.valid[0]).unsqueeze(0)
+
     def run_allowed(self, run: Run) -> torch.Tensor:
-        """[m, 1, L, L] bool rule slices of the run's m segments."""
-        starts = range(run.start, run.start + run.size, run.length)
-        return torch.stack([self.allowed(slice(s, s + run.length), slice(s, s + run.length)) for s in starts])
+        """[m, 1, Lq, Lk] bool rule slices of the run's m segments."""
+        return torch.stack([
+            self.allowed(slice(qs, qs + run.q_length), slice(ks, ks + run.k_length))
+            for qs, ks in zip(range(run.q_start, run.q_start + run.q_size, run.q_length),
+                              range(run.k_start, run.k_start + run.k_size, run.k_length), strict=True)])
 
     def plain_flags(self) -> torch.Tensor:
         """[n_runs] bool on device: the rule allows every pair inside every segment of the run."""
         return torch.stack([self.run_allowed(run).all() for run in self.runs])
 
+    def plain(self) -> tuple[bool, ...]:
+        """Per run: no mask needed (build_spec computes this for the backends that plan runs; another
+        backend pays one host read here, once)."""
+        if self.run_plain is None:
+            self.run_plain = tuple(bool(p) for p in self.plain_flags().tolist())
+        return self.run_plain
+
     def allowed(self, rows: slice, cols: slice) -> torch.Tensor:
-        """[1, len(rows), len(cols)] bool: query rows may attend key cols (segment, validity and rules).
+        """[1, len(rows), len(cols)] bool: query rows may attend key cols (segment, validity and rule).
         Evaluated in row chunks so the rule's temporaries stay near ALLOWED_CHUNK elements."""
         row_start, row_stop, _ = rows.indices(self.seq_len)
-        col_start, col_stop, _ = cols.indices(self.seq_len)
+        col_start, col_stop, _ = cols.indices(self.key_len)
         cols = slice(col_start, col_stop)
         step = max(1, ALLOWED_CHUNK // max(1, col_stop - col_start))
         if row_stop - row_start <= step:
@@ -89,18 +134,12 @@ class AttentionSpec:
         return out
 
     def _allowed(self, rows: slice, cols: slice) -> torch.Tensor:
-        def q(t: torch.Tensor) -> torch.Tensor:
-            return t[:, rows, None]
-
-        def k(t: torch.Tensor) -> torch.Tensor:
-            return t[:, None, cols]
-
-        same_segment = q(self.seg_id) == k(self.seg_id)
-        rules = rules_allow(
-            self.full_rules, q(self.is_clean), k(self.is_clean), q(self.turn_ids), k(self.turn_ids),
-            q(self.block_ids), k(self.block_ids), q(self.type_ids), k(self.type_ids),
-        )
-        return same_segment & q(self.valid) & k(self.valid) & rules
+        q, k = self.queries, self.keys
+        q_rows = Rows(*(t[:, rows, None] for t in q.rows))
+        k_rows = Rows(*(t[:, None, cols] for t in k.rows))
+        same_segment = q.seg_id[:, rows, None] == k.seg_id[:, None, cols]
+        valid = q.valid[:, rows, None] & k.valid[:, None, cols]
+        return same_segment & valid & self.rule.allow(q_rows, k_rows)
 
     def cached(self, key: Any, make: Callable[[], Any]) -> Any:
         """Build a backend's mask/table on first use; later layers get the same object."""
@@ -113,66 +152,85 @@ def strict_from_env() -> bool:
     return os.environ.get(STRICT_ENV, "0") not in ("", "0", "false", "False")
 
 
-def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = False) -> AttentionSpec:
-    """Validate a packed batch and build its attention spec. Every host read happens here (cu_seqlens when
-    seg_bounds is absent, one read of the checks, one of the plain runs for the segmented family); the layers
-    do none. Raises ValueError naming the tensor and values on any violation: bad cu_seqlens, seg_bounds
-    that disagree with it, tail positions with token_valid true, metadata of the wrong length, unknown
-    backend. `strict` (or env LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises RuntimeError
-    instead of falling back to `segmented`. A window of a pack (`batch.whole` set, sequence parallelism) gets
-    the spec of its whole pack."""
-    if batch.whole is not None:
-        batch = batch.whole
-    if backend not in BACKENDS:
-        raise ValueError(f"attn backend {backend!r} is not one of {BACKENDS}")
-    strict = strict or strict_from_env()
+def _side(batch: PackedBatch, who: str) -> tuple[Side, torch.Tensor, torch.Tensor]:
+    """Validate one side's shapes and bounds -> (side, cu_seqlens, the bounds as a tensor like it)."""
     seq_len = batch.seq_len
     for name in ("type_ids", "turn_ids", "block_ids", "is_clean", "token_valid"):
         t = getattr(batch, name)
         if t.dim() != 2 or t.shape != (1, seq_len):
-            raise ValueError(f"{name} has shape {list(t.shape)}, expected [1, S={seq_len}]")
+            raise ValueError(f"{who}{name} has shape {list(t.shape)}, expected [1, S={seq_len}]")
     cu = batch.cu_seqlens
     if batch.seg_bounds is not None:
-        bounds = check_bounds(batch.seg_bounds, seq_len, "seg_bounds")
+        bounds = check_bounds(batch.seg_bounds, seq_len, f"{who}seg_bounds")
     else:
         bounds = resolve_seg_bounds(cu, seq_len)
         if bounds is None:
-            raise ValueError(f"cu_seqlens must hold at least 2 entries (one segment [0, L]), got {cu.tolist()}")
+            raise ValueError(f"{who}cu_seqlens must hold at least 2 entries (one segment [0, L]), got {cu.tolist()}")
     if cu.dim() != 1 or cu.numel() != len(bounds):
-        raise ValueError(f"cu_seqlens has shape {list(cu.shape)} but seg_bounds has {len(bounds)} entries "
-                         f"{list(bounds)}")
+        raise ValueError(f"{who}cu_seqlens has shape {list(cu.shape)} but {who}seg_bounds has {len(bounds)} "
+                         f"entries {list(bounds)}")
     device = batch.token_valid.device
     expected = torch.tensor(bounds, dtype=cu.dtype, device=cu.device)
-    end = bounds[-1]
+    side = Side(bounds=bounds, seg_id=segment_ids(expected.to(device), seq_len).unsqueeze(0),
+                valid=batch.token_valid, rows=Rows(batch.is_clean, batch.turn_ids, batch.block_ids, batch.type_ids))
+    return side, cu, expected
+
+
+def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = False, rule: str = AUTO,
+               keys: PackedBatch | None = None) -> AttentionSpec:
+    """Validate a packed batch and build its attention spec. Every host read happens here (cu_seqlens when
+    seg_bounds is absent, one read of the checks, one of the plain runs for the backends that plan runs); the
+    layers do none. Raises ValueError naming the tensor and values on any violation: bad cu_seqlens,
+    seg_bounds that disagree with it, tail positions with token_valid true, metadata of the wrong length,
+    unknown backend or rule. `strict` (or env LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises
+    RuntimeError instead of falling back to `segmented`. `rule`: an attention rule's name ("auto": the
+    official choice per pack). `keys`: the key rows when they are not the query rows `batch` (same number of
+    segments, at least as many rows). A window of a pack (`batch.whole` set, sequence parallelism) gets the
+    spec of its whole pack."""
+    if batch.whole is not None:
+        batch = batch.whole
+    backend_cls = backend_class(backend)
+    strict = strict or strict_from_env()
+    queries, q_cu, q_expected = _side(batch, "")
+    sides = [(batch, queries, q_cu, q_expected, "")]
+    key_side = queries
+    if keys is not None:
+        if keys.whole is not None:
+            raise ValueError("keys: a window of a pack (keys.whole set); pass the whole pack's key rows")
+        key_side, k_cu, k_expected = _side(keys, "keys.")
+        sides.append((keys, key_side, k_cu, k_expected, "keys."))
+        if len(key_side.bounds) != len(queries.bounds):
+            raise ValueError(f"keys.seg_bounds {list(key_side.bounds)} hold {len(key_side.bounds) - 1} segments, "
+                             f"the queries' {list(queries.bounds)} hold {len(queries.bounds) - 1}")
+        if key_side.length < queries.length:
+            raise ValueError(f"keys hold {key_side.length} rows, fewer than the {queries.length} query rows")
+    device = batch.token_valid.device
+    # One host read for the checks and the rule; a second (backends that plan runs) for which runs are plain.
+    facts = []
+    for pack, side, cu, expected, _ in sides:
+        facts += [(cu != expected).any().long().to(device), pack.token_valid[:, side.bounds[-1]:].any().long().to(device),
+                  (pack.block_ids >= 0).any().long().to(device)]
+    facts.append((~batch.token_valid).sum())
+    facts = torch.stack(facts).tolist()
+    for i, (pack, side, cu, _, who) in enumerate(sides):
+        cu_mismatch, tail_valid = facts[3 * i], facts[3 * i + 1]
+        end = side.bounds[-1]
+        if cu_mismatch:
+            raise ValueError(f"{who}seg_bounds {list(side.bounds)} disagree with {who}cu_seqlens {cu.tolist()}")
+        if tail_valid:
+            where = (pack.token_valid[0, end:].nonzero()[:, 0] + end)[:6].tolist()
+            raise ValueError(f"{who}token_valid is true at tail positions {where} after {who}cu_seqlens[-1]={end}; "
+                             "tail padding must be invalid")
+    uses_blocks = any(facts[3 * i + 2] for i in range(len(sides)))
     spec = AttentionSpec(
         backend=backend,
         strict=strict,
-        bounds=bounds,
-        seg_id=segment_ids(expected.to(device), seq_len).unsqueeze(0),
-        valid=batch.token_valid,
-        type_ids=batch.type_ids,
-        turn_ids=batch.turn_ids,
-        block_ids=batch.block_ids,
-        is_clean=batch.is_clean,
-        full_rules=False,
-        num_invalid=0,
-        runs=group_runs(bounds),
+        rule=resolve_rule(rule, bool(uses_blocks)),
+        queries=queries,
+        keys=key_side,
+        num_invalid=int(facts[-1]),
+        runs=group_runs(queries.bounds, key_side.bounds),
     )
-    # One host read for the checks and the rule set; a second (plan backends) for which runs are plain.
-    facts = torch.stack([
-        (cu != expected).any().long().to(device),
-        batch.token_valid[:, end:].any().long(),
-        (batch.block_ids >= 0).any().long(),
-        (~batch.token_valid).sum(),
-    ])
-    cu_mismatch, tail_valid, any_block, num_invalid = facts.tolist()
-    if cu_mismatch:
-        raise ValueError(f"seg_bounds {list(bounds)} disagree with cu_seqlens {cu.tolist()}")
-    if tail_valid:
-        where = (batch.token_valid[0, end:].nonzero()[:, 0] + end)[:6].tolist()
-        raise ValueError(f"token_valid is true at tail positions {where} after cu_seqlens[-1]={end}; "
-                         "tail padding must be invalid")
-    spec.full_rules, spec.num_invalid = bool(any_block), int(num_invalid)
-    if backend in PLAN_BACKENDS:  # no host read is left for the layers
-        spec.run_plain = tuple(bool(p) for p in spec.plain_flags().tolist())
+    if backend_cls.plans_runs:  # no host read is left for the layers
+        spec.plain()
     return spec

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ATTN_BACKENDS = ("auto", "sdpa_dense", "segmented", "flex", "flash_varlen")  # auto: resolved at model build
+from lumina.attention import check_backend_name
+from lumina.attention.rules import check_rule_name
+
 MOE_BACKENDS = ("grouped_mm", "loop")
 # Activation checkpointing of the backbone (see `LuminaConfig.gradient_checkpointing`).
 CHECKPOINT_POLICIES = ("none", "full", "selective")
@@ -33,7 +35,7 @@ HARD_CODED_KEYS = (
     "image_vocab_size", "codebook_size", "channel_depth", "channel_heads", "channel_mlp_ratio",
 )
 # lumina-only runtime choices; never written to config.json.
-TRAINING_KEYS = ("attn_backend", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
+TRAINING_KEYS = ("attn_backend", "attn_rule", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
                  "loss_chunk_rows", "router_init")
 
 DEFAULT_AUTO_MAP = {
@@ -129,7 +131,8 @@ class LuminaConfig:
     channel_heads: int = 8
     channel_mlp_ratio: int = 4
     # --- lumina training knobs ---
-    attn_backend: str = "auto"
+    attn_backend: str = "auto"  # a lumina.attention.BACKENDS name or dotted path; auto: resolved at model build
+    attn_rule: str = "auto"  # a lumina.attention.RULES name or dotted path; auto: the official choice per pack
     attn_strict: bool = False
     moe_backend: str = "grouped_mm"
     gradient_checkpointing: str = "none"  # none | full | selective (legacy bools: True = full, False = none)
@@ -204,8 +207,8 @@ class LuminaConfig:
             bad("pad_token_id", f"outside the text vocab [0, {self.vocab_size})")
         if self.num_shared_experts is not None and self.num_shared_experts < 0:
             bad("num_shared_experts", "must be None or >= 0")
-        if self.attn_backend not in ATTN_BACKENDS:
-            bad("attn_backend", f"must be one of {ATTN_BACKENDS}")
+        check_backend_name(self.attn_backend, "LuminaConfig.attn_backend")
+        check_rule_name(self.attn_rule, "LuminaConfig.attn_rule")
         if isinstance(self.loss_chunk_rows, bool) or not isinstance(self.loss_chunk_rows, int) \
                 or self.loss_chunk_rows < 0:
             bad("loss_chunk_rows", "must be an integer >= 0 (0 = auto)")

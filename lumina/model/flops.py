@@ -11,10 +11,11 @@ Convention (what `torch.utils.flop_counter.FlopCounterMode` counts, and what MFU
   FlopCounterMode counts that recompute too;
 - activation recompute (`gradient_checkpointing` full or selective) is not counted: these are model FLOPs, so
   MFU under checkpointing understates how busy the hardware is (PaLM, appendix B);
-- attention counts the (query, key) pairs its backend computes, per query head: S^2 per pack for
-  `sdpa_dense` (masked pairs included), the sum of L_i^2 over the segments for `segmented` and
-  `flash_varlen`, and the pairs the block-diffusion mask lets through for `flex`, which skips masked blocks
-  (at its 128 x 128 block granularity it computes somewhat more);
+- attention counts the (query, key) pairs its backend computes, per query head, as the backend's class
+  declares (`Backend.pairs`): S^2 per pack for `Pairs.DENSE` (`sdpa_dense`: masked pairs included), the sum
+  of L_i^2 over the segments for `Pairs.SEGMENTS` (`segmented`, `flash_varlen`), and the pairs the
+  block-diffusion mask lets through for `Pairs.ALLOWED` (`flex`, which skips masked blocks; at its 128 x 128
+  block granularity it computes somewhat more);
 - every position of the pack runs through the backbone (tail padding too) and through k routed experts plus
   the shared one; the text head runs on supervised text rows, the channel head and the C codebook heads on
   supervised image rows, `img_embeddings_proj` on image input rows (types 2 and 4);
@@ -28,13 +29,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lumina.attention import build_spec
+from lumina.attention import Pairs, build_spec
+from lumina.attention.backend import backend_class
 from lumina.data.batch import PackedBatch
 from lumina.model.channel_head import ChannelAttention, MultiCodebookHead
 from lumina.model.config import LuminaConfig
 from lumina.model.supervision import PackRows
 
-SEGMENT_BACKENDS = ("segmented", "flash_varlen")
 ATTENTION_PARTS = ("attention_core", "channel_attention")  # 3.5 x forward in training; the other parts 3 x
 
 
@@ -44,33 +45,34 @@ def segment_lengths(batch: PackedBatch) -> list[int]:
     return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def visible_pairs(batch: PackedBatch) -> int:
-    """(query, key) pairs the block-diffusion rules allow inside each segment, valid rows only (one host read)."""
-    spec = build_spec(batch, backend="segmented")
+def visible_pairs(batch: PackedBatch, rule: str = "auto") -> int:
+    """(query, key) pairs the attention rule allows inside each segment, valid rows only (one host read)."""
+    spec = build_spec(batch, backend="segmented", rule=rule)
     bounds = spec.bounds
     counts = [spec.allowed(slice(a, b), slice(a, b)).sum() for a, b in zip(bounds, bounds[1:], strict=False)]
     return int(torch.stack(counts).sum()) if counts else 0
 
 
-def attention_pairs(batch: PackedBatch, backend: str) -> int:
-    """Per query head, the (query, key) pairs `backend` computes on `batch` (see the module docstring)."""
+def attention_pairs(batch: PackedBatch, backend: str, rule: str = "auto") -> int:
+    """Per query head, the (query, key) pairs `backend` computes on `batch` under the attention `rule` (see the
+    module docstring)."""
     batch_size, seq_len = batch.type_ids.shape
-    if backend == "sdpa_dense":
+    pairs = backend_class(backend).pairs
+    if pairs is Pairs.DENSE:
         return batch_size * seq_len * seq_len
-    if backend in SEGMENT_BACKENDS:
+    if pairs is Pairs.SEGMENTS:
         return batch_size * sum(length * length for length in segment_lengths(batch))
-    if backend == "flex":
-        return batch_size * visible_pairs(batch)
-    raise ValueError(f"attention backend {backend!r}: no FLOP count (expected sdpa_dense, segmented, "
-                     "flash_varlen or flex; resolve 'auto' first)")
+    if pairs is Pairs.ALLOWED:
+        return batch_size * visible_pairs(batch, rule)
+    raise ValueError(f"attention backend {backend!r}: no FLOP count for its pairs={pairs!r}")
 
 
-def pack_attention_pairs(batch: PackedBatch, backend: str) -> int:
+def pack_attention_pairs(batch: PackedBatch, backend: str, rule: str = "auto") -> int:
     """`attention_pairs` of a pack; a window of a pack (sequence parallelism) gets its share: every rank of the
     group attends over the whole pack with heads / sp, the pack's pairs x rows / pack rows per query head."""
     if batch.whole is None:
-        return attention_pairs(batch, backend)
-    total, start = attention_pairs(batch.whole, backend), batch.window_start
+        return attention_pairs(batch, backend, rule)
+    total, start = attention_pairs(batch.whole, backend, rule), batch.window_start
     stop = start + batch.seq_len  # rounded so that the windows' shares add up
     return total * stop // batch.pack_len - total * start // batch.pack_len
 
@@ -78,12 +80,13 @@ def pack_attention_pairs(batch: PackedBatch, backend: str) -> int:
 def nominal_attention_pairs(rows: PackRows, backend: str) -> int:
     """The pairs of a pack of `rows` in samples of rows.segment_len (those of `flex` are bounded by
     `segmented`'s)."""
-    return rows.positions * (rows.positions if backend == "sdpa_dense" else rows.segment_len)
+    dense = backend_class(backend).pairs is Pairs.DENSE
+    return rows.positions * (rows.positions if dense else rows.segment_len)
 
 
 def batch_flops(config: LuminaConfig, batch: PackedBatch, backend: str) -> int:
     """`training_flops` of one pack (or window of a pack) as `LuminaModel.forward` selects its rows."""
-    return training_flops(config, PackRows.of(batch), pack_attention_pairs(batch, backend))
+    return training_flops(config, PackRows.of(batch), pack_attention_pairs(batch, backend, config.attn_rule))
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ class LuminaModel(nn.Module):
     def _prologue(self, batch: PackedBatch) -> AttentionSpec:
         """What `forward` and `backbone` do first: the pack's attention spec, and the routers told which rows
         of its pack `batch` holds (their selection noise is drawn per pack)."""
-        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict)
+        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict,
+                          rule=self.config.attn_rule)
         for moe in self.moe_layers():
             moe.gate.pack_rows = (batch.window_start, batch.pack_len)
         return spec

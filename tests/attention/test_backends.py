@@ -7,7 +7,7 @@ import pytest
 import torch
 from attn_helpers import forbid_host_reads, random_pack
 
-from lumina.attention import allowed_mask, attend, backend_calls, build_spec, reset_backend_calls
+from lumina.attention import allowed_mask, attend, build_spec
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 PACKS = {
@@ -59,14 +59,14 @@ TOLERANCE = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(ato
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pack_name", sorted(PACKS))
-def test_segmented_matches_dense(pack_name, dtype):
+def test_segmented_matches_dense(pack_name, dtype, attend_calls):
     batch = random_pack(2, **PACKS[pack_name])
     tensors = qkv(batch.seq_len, dtype, seed=4)
     upstream = torch.randn(1, HEADS, batch.seq_len, HEAD_DIM, generator=torch.Generator().manual_seed(5))
-    reset_backend_calls()
+    attend_calls.clear()
     dense_out, dense_grads = run("sdpa_dense", batch, tensors, upstream)
     out, grads = run("segmented", batch, tensors, upstream)
-    assert backend_calls() == {"sdpa_dense": 1, "segmented": 1}
+    assert dict(attend_calls) == {"sdpa_dense": 1, "segmented": 1}
     for t in [dense_out, out, *dense_grads, *grads]:
         assert torch.isfinite(t).all()
     torch.testing.assert_close(out, dense_out, **TOLERANCE[dtype])
@@ -89,8 +89,10 @@ def test_attend_shape_errors():
     batch = random_pack(0, [8, 8])
     spec = build_spec(batch)
     q, k, v = qkv(16, torch.float32)
-    with pytest.raises(ValueError, match="sequence length 15, the spec was built for S=16"):
+    with pytest.raises(ValueError, match="q has 15 rows and k 15; the spec was built for Lq=16 query rows"):
         attend(q[:, :, :15], k[:, :, :15], v[:, :, :15], spec)
+    with pytest.raises(ValueError, match="q has 16 rows and k 15; .* Lk=16 key rows"):
+        attend(q, k[:, :, :15], v[:, :, :15], spec)
     with pytest.raises(ValueError, match="query heads 4 are not a multiple of kv heads 3"):
         attend(q, k[:, :1].repeat(1, 3, 1, 1), v[:, :1].repeat(1, 3, 1, 1), spec)
     with pytest.raises(ValueError, match="4-D"):

@@ -129,7 +129,7 @@ def test_flags_must_be_zero_one():
 
 
 def test_unknown_backend_raises():
-    with pytest.raises(ValueError, match="'xformers' is not one of"):
+    with pytest.raises(ValueError, match="attn_backend='xformers': no attention backend of that name"):
         build_spec(random_pack(0, [4]), backend="xformers")
 
 
@@ -138,11 +138,12 @@ def test_spec_facts():
     spec = build_spec(batch)
     assert spec.bounds == (0, 5, 12) and spec.lengths == (5, 7) and spec.seq_len == 14
     assert spec.seg_id[0].tolist() == [0] * 5 + [1] * 7 + [2] * 2
-    assert spec.full_rules and spec.has_invalid
+    assert type(spec.rule).__name__ == "FullRules" and spec.has_invalid  # attn_rule auto: block ids in use
     batch.block_ids.fill_(-1)
     batch.token_valid[0, :12] = True
     spec = build_spec(batch)
-    assert not spec.full_rules and spec.has_invalid  # the tail stays invalid
+    assert type(spec.rule).__name__ == "SimpleRules" and spec.has_invalid  # the tail stays invalid
+    assert type(build_spec(batch, rule="full").rule).__name__ == "FullRules"  # a named rule is kept
 
 
 def test_segments_come_from_cu_seqlens_not_position_restarts():

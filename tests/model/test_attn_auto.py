@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_helpers import MIXED_TYPES, make_batch
 
-from lumina.attention import BACKENDS, backend_calls, reset_backend_calls, resolve_backend
+from lumina.attention import BACKENDS, Backend, Pairs, resolve_backend
 from lumina.attention.backends import flash_varlen
 from lumina.model import LuminaConfig, LuminaModel
 
@@ -16,7 +16,9 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="auto means segme
 
 
 def test_explicit_names_are_returned_unchanged() -> None:
-    assert [resolve_backend(name) for name in BACKENDS] == list(BACKENDS)
+    names = BACKENDS.names()
+    assert set(names) == {"sdpa_dense", "segmented", "flex", "flash_varlen"}  # found by scanning the package
+    assert [resolve_backend(name) for name in names] == list(names)
 
 
 @no_cuda
@@ -33,14 +35,19 @@ def test_auto_on_cuda_prefers_flash_attn_then_flex(monkeypatch: pytest.MonkeyPat
 
 
 def test_unknown_names_raise_naming_the_value() -> None:
-    with pytest.raises(ValueError, match="attn_backend='xformers' is not one of"):
+    choices = "choose one of flash_varlen, flex, sdpa_dense, segmented"
+    with pytest.raises(ValueError, match=f"attn_backend='xformers': no attention backend of that name; {choices}"):
         resolve_backend("xformers")
-    with pytest.raises(ValueError, match="LuminaConfig.attn_backend='Auto'"):
+    with pytest.raises(ValueError, match=f"LuminaConfig.attn_backend='Auto': .*{choices}"):
         LuminaConfig.tiny(attn_backend="Auto")
+    with pytest.raises(ValueError, match="LuminaConfig.attn_rule='R1-R8': .*choose one of full, simple"):
+        LuminaConfig.tiny(attn_rule="R1-R8")
+    with pytest.raises(ValueError, match="LuminaConfig.attn_backend='my_pkg.Attention': cannot import module"):
+        LuminaConfig.tiny(attn_backend="my_pkg.Attention")
 
 
 @no_cuda
-def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model() -> None:
+def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model(attend_calls) -> None:
     torch.manual_seed(0)
     auto = LuminaModel(LuminaConfig.tiny())
     explicit = LuminaModel(LuminaConfig.tiny(attn_backend="segmented"))
@@ -49,10 +56,10 @@ def test_default_model_runs_segmented_and_equals_an_explicit_segmented_model() -
     assert auto.model.attn_backend == "segmented"  # ... the model holds what it resolved to
     batch = make_batch(MIXED_TYPES, seed=3)
 
-    reset_backend_calls()
+    attend_calls.clear()
     with torch.no_grad():
         out = auto(batch)
-    assert backend_calls() == {"segmented": auto.config.num_hidden_layers}
+    assert dict(attend_calls) == {"segmented": auto.config.num_hidden_layers}
     with torch.no_grad():
         ref = explicit(batch)
     assert torch.equal(out.hidden, ref.hidden)
@@ -69,3 +76,51 @@ def test_the_chosen_backend_is_logged_once_per_build(caplog: pytest.LogCaptureFi
     assert lines == ["attention backend: segmented (attn_backend=auto)",
                      "attention backend: sdpa_dense (attn_backend=sdpa_dense)"]
     assert all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in lines)
+
+
+class PlainMath(Backend):
+    """A backend of the user's own, in one class: softmax(q k^T / sqrt(hd) + mask) v written out, counted as
+    dense pairs."""
+
+    name = "plain_math"
+    pairs = Pairs.DENSE
+
+    @staticmethod
+    def forward(q, k, v, spec):
+        allowed = spec.allowed(slice(None), slice(None))[:, None]  # [1, 1, Lq, Lk]
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return torch.softmax(scores.masked_fill(~allowed, torch.finfo(q.dtype).min), dim=-1) @ v
+
+
+def test_a_backend_of_ones_own_by_dotted_path(attend_calls) -> None:
+    """One class, named in the config: the model runs it (the hook sees it serve every layer), its output
+    equals sdpa_dense's, and the FLOP count follows its declared pairs."""
+    from lumina.model.flops import attention_pairs
+
+    path = f"{__name__}.PlainMath"
+    torch.manual_seed(0)
+    mine = LuminaModel(LuminaConfig.tiny(attn_backend=path))
+    dense = LuminaModel(LuminaConfig.tiny(attn_backend="sdpa_dense"))
+    dense.load_state_dict(mine.state_dict())
+    batch = make_batch(MIXED_TYPES, seed=3)
+    with torch.no_grad():
+        out, ref = mine(batch), dense(batch)
+    assert dict(attend_calls) == {path: mine.config.num_hidden_layers, "sdpa_dense": dense.config.num_hidden_layers}
+    torch.testing.assert_close(out.hidden, ref.hidden, atol=1e-5, rtol=1e-5)
+    assert attention_pairs(batch, path) == attention_pairs(batch, "sdpa_dense") == batch.seq_len ** 2
+
+
+def test_the_config_names_the_attention_rule() -> None:
+    """attn_rule reaches the model's spec: on a pack with block ids, auto is the official full rules, and
+    forcing the simple rules changes the output."""
+    batch = make_batch(MIXED_TYPES, seed=3, clean=False)
+    batch.block_ids[0, 5:] = torch.tensor([0, 0, 1, 0, 0, 0, 0, 0, 1])  # the answer rows' blocks
+    outs = {}
+    for rule in ("auto", "full", "simple"):
+        torch.manual_seed(0)
+        model = LuminaModel(LuminaConfig.tiny(attn_rule=rule))
+        with torch.no_grad():
+            outs[rule] = model(batch).hidden
+    assert torch.equal(outs["auto"], outs["full"])
+    assert not torch.allclose(outs["auto"], outs["simple"], atol=1e-3)

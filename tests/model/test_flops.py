@@ -97,7 +97,7 @@ def test_flex_counts_the_visible_pairs_of_the_block_diffusion_mask(world_pack) -
     lengths = segment_lengths(world_pack)
     flex = attention_pairs(world_pack, "flex")
     assert 0 < flex < sum(n * n for n in lengths)  # noisy answers see less than their whole sample
-    with pytest.raises(ValueError, match="'auto'"):
+    with pytest.raises(ValueError, match="'auto' names no backend: resolve it first"):
         attention_pairs(world_pack, "auto")
 
 

@@ -1,1 +1,1 @@
-"""Attention backends; each module has `unavailable(q, k, v, spec) -> str | None` and `forward(q, k, v, spec)`."""
+"""Attention backends: each module registers one `lumina.attention.backend.Backend` subclass by name."""

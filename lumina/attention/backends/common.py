@@ -39,7 +39,7 @@ def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def invalid_rows(spec: AttentionSpec) -> torch.Tensor:
-    """[N] int64 positions with token_valid false (the spec is one pack), cached; N is known on the host, so
+    """[N] int64 query positions with token_valid false (the spec is one pack), cached; N is known on the host, so
     this does not sync."""
     return spec.cached("invalid_rows",
                        lambda: torch.nonzero_static(~spec.valid[0], size=spec.num_invalid)[:, 0])
@@ -49,7 +49,7 @@ def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                      spec: AttentionSpec) -> torch.Tensor:
     """Replace the rows with token_valid false (exactly the fully masked rows: every valid token may attend
     itself under both rule sets) by `uniform_attention`, so every backend equals `sdpa_dense` at every row,
-    forward and backward, and stays finite. out/q [B, nh, S, hd], k/v [B, nkv, S, hd]."""
+    forward and backward, and stays finite. out/q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] (all keys)."""
     if not spec.has_invalid:
         return out
     rows = invalid_rows(spec)
