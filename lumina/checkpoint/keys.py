@@ -16,14 +16,16 @@ import re
 import torch
 
 from lumina.model.config import LuminaConfig
+from lumina.model.routers import ROUTERS
 
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 LAYOUTS = ("split", "fused")
 MODEL_TYPE_OF_LAYOUT = {"split": "llada2_moe", "fused": "llada2_moe_veomni"}
 
-# The two persistent buffers and the dtype the official model keeps them in.
+# Persistent buffers kept in a fixed dtype: the router's (its class's BUFFER_DTYPES; the official sigmoid
+# router's fp32 expert_bias) and the channel head's bf16 mask.
+_GATE_BUFFER_RE = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.(\w+)$")
 _BUFFER_DTYPES = (
-    (re.compile(r"^model\.layers\.\d+\.mlp\.gate\.expert_bias$"), torch.float32),
     (re.compile(r"^multi_codebook_head\.channel_mask$"), torch.bfloat16),
 )
 _SPLIT_RE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -59,8 +61,11 @@ def expert_group(key: str) -> str | None:
 
 
 def official_buffer_dtype(key: str) -> torch.dtype | None:
-    """dtype of a persistent buffer in the official model (expert_bias fp32, channel_mask bf16); None for
-    parameters."""
+    """dtype of a persistent buffer in the official model (expert_bias fp32, channel_mask bf16), or of a
+    registered router's buffer; None for parameters."""
+    gate = _GATE_BUFFER_RE.match(key)
+    if gate is not None:
+        return _router_buffer_dtypes().get(gate.group(1))
     for pattern, dtype in _BUFFER_DTYPES:
         if pattern.match(key):
             return dtype
@@ -73,6 +78,7 @@ def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tu
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     c = config
+    router = ROUTERS.get(c.score_function, "LuminaConfig.score_function")
     h, d, n_cb = c.hidden_size, c.hidden_size, c.num_codebooks
     qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.word_embeddings.weight": (c.vocab_size, h)}
@@ -90,7 +96,7 @@ def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tu
             shapes.update(_swiglu_shapes(p + "mlp.", h, c.intermediate_size))
         else:
             shapes[p + "mlp.gate.weight"] = (c.num_experts, h)
-            shapes[p + "mlp.gate.expert_bias"] = (c.num_experts,)
+            shapes.update({f"{p}mlp.gate.{name}": (c.num_experts,) for name in router.BUFFER_DTYPES})
             fused = {"gate_proj": (c.num_experts, c.moe_intermediate_size, h),
                      "up_proj": (c.num_experts, c.moe_intermediate_size, h),
                      "down_proj": (c.num_experts, h, c.moe_intermediate_size)}
@@ -108,6 +114,12 @@ def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tu
         shapes[f"lm_img_head.{cb}.weight"] = (c.codebook_size, h)
     shapes.update(_channel_head_shapes(c, d, n_cb))
     return shapes
+
+
+def _router_buffer_dtypes() -> dict[str, torch.dtype]:
+    """Buffer name -> fixed dtype over every registered router (`MoERouter.BUFFER_DTYPES`)."""
+    return {name: dtype for part in ROUTERS.names()
+            for name, dtype in ROUTERS.get(part, "score_function").BUFFER_DTYPES.items()}
 
 
 def _swiglu_shapes(prefix: str, hidden: int, width: int) -> dict[str, tuple[int, ...]]:

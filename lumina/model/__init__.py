@@ -8,7 +8,7 @@ from lumina.model.lumina_model import LuminaModel
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
 from lumina.model.params import active_parameters_per_text_token, count_parameters
-from lumina.model.router import Router, Routing
+from lumina.model.routers import ROUTERS, MoERouter, PackRows, Routing, SigmoidRouter
 
 __all__ = [
     "GroupedExperts",
@@ -19,8 +19,11 @@ __all__ = [
     "MoE",
     "MoEDispatcher",
     "MultiCodebookHead",
-    "Router",
+    "MoERouter",
+    "PackRows",
+    "ROUTERS",
     "Routing",
+    "SigmoidRouter",
     "active_parameters_per_text_token",
     "count_parameters",
 ]

@@ -12,7 +12,7 @@ from lumina.model.config import LuminaConfig
 from lumina.model.decoder import DecoderLayer
 from lumina.model.layers import Embedding, Linear, RMSNorm
 from lumina.model.rotary import RotaryEmbedding
-from lumina.model.router import Routing
+from lumina.model.routers import PackRows, Routing
 from lumina.model.supervision import is_image_code_row
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,15 @@ class Backbone(nn.Module):
         return out.view(batch, seq, cfg.hidden_size), code_embeds[n_image:]
 
     def decode(self, embeds: torch.Tensor, position_ids: torch.Tensor,
-               spec: object) -> tuple[torch.Tensor, list[Routing]]:
-        """embeds [B, S, H], position_ids [B, S] -> (final-normed hidden [B, S, H], routing per MoE layer)."""
+               spec: object, pack: PackRows | None = None) -> tuple[torch.Tensor, list[Routing]]:
+        """embeds [B, S, H], position_ids [B, S] -> (final-normed hidden [B, S, H], routing per MoE layer);
+        `pack` tells the routers where the rows sit in their pack (None: the rows are the whole pack)."""
         cos, sin = self.rotary_emb(position_ids, embeds.dtype)
         h = embeds
         routings = []
         for layer in self.layers:
-            h, routing = layer(h, cos, sin, spec)
+            h, routing = layer(h, cos, sin, spec, pack)
             if routing is not None:
-                layer.mlp.record_load(routing.topk_ids)  # outside a layer: counted once, even if it is recomputed
                 routings.append(routing)
         return self.norm(h), routings
 

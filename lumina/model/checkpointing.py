@@ -6,9 +6,9 @@ A recompute could select other experts than the forward did (another kernel, bf1
 changed in between); the dispatch would then split tokens differently from the saved activations.
 `Checkpointer` runs a function under non-reentrant `torch.utils.checkpoint` with a `RoutingTape` per call:
 the forward records the top-k ids of every router the call runs, the recompute replays them in the same
-order. In both passes the weights are re-gathered from the scores at the final ids, so both passes build
-the same graph and the gradients equal those of the `none` policy bit for bit, on one device or under FSDP2.
-Recompute updates no load counters (the backbone counts them outside the checkpoint).
+order. In both passes each router recomputes its weights from its logits at the final ids
+(`MoERouter.weigh`), so both passes build the same graph and the gradients equal those of the `none` policy
+bit for bit, on one device or under FSDP2, whatever the router.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from lumina.model.config import checkpoint_policy
-from lumina.model.router import Router, Routing
+from lumina.model.routers import MoERouter, Routing
 
 CHANNEL_CHECKPOINT_ROWS = 128  # image rows per checkpointed chunk of the channel head (policies full, selective)
 
@@ -71,7 +71,7 @@ class Checkpointer:
     """`checkpointer(fn, *args)` = `fn(*args)` under non-reentrant checkpointing; forward hooks on `routers`
     record / replay their top-k inside such calls and leave every other call alone."""
 
-    def __init__(self, routers: Iterable[Router]) -> None:
+    def __init__(self, routers: Iterable[MoERouter]) -> None:
         self.tape: RoutingTape | None = None
         self.handles: list[RemovableHandle] = [r.register_forward_hook(self._route) for r in routers]
 
@@ -84,7 +84,7 @@ class Checkpointer:
         tape = RoutingTape()
         return _TapeContext(self, tape, replay=False), _TapeContext(self, tape, replay=True)
 
-    def _route(self, router: Router, args: object, routing: Routing) -> Routing | None:
+    def _route(self, router: MoERouter, args: object, routing: Routing) -> Routing | None:
         """Router forward hook: the recorded ids in a recompute, the weights re-gathered in both passes. Outside
         a checkpointed call it returns None; inside, the tape's Python state is read by `_replay`, never
         compiled (`lumina.model.compile`)."""
@@ -93,9 +93,9 @@ class Checkpointer:
         return self._replay(router, routing)
 
     @torch.compiler.disable
-    def _replay(self, router: Router, routing: Routing) -> Routing:
+    def _replay(self, router: MoERouter, routing: Routing) -> Routing:
         ids = self.tape.take(routing.topk_ids)
-        weights = router.weigh(routing.logits.sigmoid(), ids)
+        weights = router.weigh(routing.logits, ids)
         return Routing(logits=routing.logits, topk_ids=ids, topk_weights=weights)
 
     def remove(self) -> None:
@@ -139,7 +139,7 @@ def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:
             previous.checkpointer.remove()
     if policy == "none":
         return policy
-    checkpointer = Checkpointer(m for m in layers.modules() if isinstance(m, Router))
+    checkpointer = Checkpointer(m for m in layers.modules() if isinstance(m, MoERouter))
     name = "forward" if policy == "full" else "ffn"
     for layer in layers:
         setattr(layer, name, Checkpointed(getattr(layer, name), checkpointer))

@@ -11,7 +11,7 @@ from lumina.model.config import LuminaConfig
 from lumina.model.layers import RMSNorm
 from lumina.model.mlp import SwiGLU
 from lumina.model.moe import MoE
-from lumina.model.router import Routing
+from lumina.model.routers import PackRows, Routing
 
 
 class DecoderLayer(nn.Module):
@@ -31,15 +31,15 @@ class DecoderLayer(nn.Module):
         return isinstance(self.mlp, MoE)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                spec: object) -> tuple[torch.Tensor, Routing | None]:
-        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer)."""
+                spec: object, pack: PackRows | None = None) -> tuple[torch.Tensor, Routing | None]:
+        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer); `pack` goes to the router."""
         h = h + self.attention(self.input_layernorm(h), cos, sin, spec)
-        ffn, routing = self.ffn(h)
+        ffn, routing = self.ffn(h, pack)
         return h + ffn, routing
 
-    def ffn(self, h: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+    def ffn(self, h: torch.Tensor, pack: PackRows | None = None) -> tuple[torch.Tensor, Routing | None]:
         """h [B, S, H] -> (FFN(RMSNorm h) [B, S, H], routing or None for a dense layer)."""
         x = self.post_attention_layernorm(h)
         if self.is_moe:
-            return self.mlp(x)
+            return self.mlp(x, pack)
         return self.mlp(x), None

@@ -16,6 +16,7 @@ from lumina.model.heads import Head, LuminaHeads
 from lumina.model.layers import check_finite
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
+from lumina.model.routers import PackRows
 from lumina.model.supervision import supervised_rows
 
 
@@ -57,36 +58,17 @@ class LuminaModel(nn.Module):
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
-    def track_expert_load(self, enabled: bool = True) -> None:
-        """Turn the per-expert selection counters of every MoE layer on or off."""
-        for moe in self.moe_layers():
-            moe.track_load = enabled
-
-    def expert_load(self, reset: bool = False) -> torch.Tensor:
-        """Selections per expert since the last reset: int64 [num_moe_layers, E]."""
-        layers = self.moe_layers()
-        counts = (torch.stack([moe.load_counts.clone() for moe in layers]) if layers
-                  else torch.zeros(0, self.config.num_experts, dtype=torch.int64))
-        if reset:
-            for moe in layers:
-                moe.load_counts.zero_()
-        return counts
-
     # ---- public parts for samplers ----
     def backbone(self, batch: PackedBatch) -> torch.Tensor:
         """Final-normed hidden states [B, S, H]."""
         spec = self._prologue(batch)
         embeds, _ = self.model.embed(batch.input_ids, batch.type_ids)
-        return self.model.decode(embeds, batch.position_ids, spec)[0]
+        return self.model.decode(embeds, batch.position_ids, spec, _pack_rows(batch))[0]
 
     def _prologue(self, batch: PackedBatch) -> AttentionSpec:
-        """What `forward` and `backbone` do first: the pack's attention spec, and the routers told which rows
-        of its pack `batch` holds (their selection noise is drawn per pack)."""
-        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict,
+        """What `forward` and `backbone` do first: the pack's attention spec."""
+        return build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict,
                           rule=self.config.attn_rule)
-        for moe in self.moe_layers():
-            moe.gate.pack_rows = (batch.window_start, batch.pack_len)
-        return spec
 
     def heads(self) -> LuminaHeads:
         """The one way to the output heads: logits on demand and the fused losses (also `LuminaOutput.heads`)."""
@@ -146,7 +128,7 @@ class LuminaModel(nn.Module):
         text_rows, image_rows, codes = self.select_rows(batch)
         embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
         check_finite(check, "embeddings", embeds, code_embeds)
-        hidden, routings = self.model.decode(embeds, batch.position_ids, spec)
+        hidden, routings = self.model.decode(embeds, batch.position_ids, spec, _pack_rows(batch))
         check_finite(check, "backbone", hidden)
 
         flat = hidden.reshape(-1, hidden.shape[-1])
@@ -162,3 +144,8 @@ class LuminaModel(nn.Module):
             router_topk_ids=[r.topk_ids.view(batch_size, seq, -1) for r in routings],
             router_topk_weights=[r.topk_weights.view(batch_size, seq, -1) for r in routings],
         )
+
+
+def _pack_rows(batch: PackedBatch) -> PackRows:
+    """The rows of its pack `batch` holds (the routers draw their selection noise per pack)."""
+    return PackRows(batch.window_start, batch.pack_len)

@@ -1,5 +1,6 @@
 """The sparse MoE block (`mlp` of layers >= first_k_dense_replace): router -> dispatcher (gather -> grouped
-experts -> weighted combine), plus the unweighted shared expert, plus optional per-expert load counters."""
+experts -> weighted combine), plus the unweighted shared expert. The router is the one
+`LuminaConfig.score_function` names (`lumina.model.routers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from lumina.model.config import LuminaConfig
 from lumina.model.dispatch import LocalDispatcher, MoEDispatcher
 from lumina.model.experts import GroupedExperts
 from lumina.model.mlp import SwiGLU
-from lumina.model.router import Router, Routing
+from lumina.model.routers import ROUTERS, MoERouter, PackRows, Routing
 
 
 @torch.compiler.disable
@@ -26,7 +27,7 @@ class MoE(nn.Module):
         super().__init__()
         std = config.initializer_range
         self.num_experts = config.num_experts
-        self.gate = Router(config)
+        self.gate: MoERouter = ROUTERS.build(config.score_function, "LuminaConfig.score_function", config)
         self.experts = GroupedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
                                       backend=config.moe_backend, std=std)
         if config.num_shared_experts is not None:
@@ -34,23 +35,13 @@ class MoE(nn.Module):
         else:
             self.shared_experts = None
         self.dispatcher: MoEDispatcher = LocalDispatcher()
-        self.track_load = False
-        self.register_buffer("load_counts", torch.zeros(config.num_experts, dtype=torch.int64), persistent=False)
 
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.load_counts.zero_()
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
-        """x [B, S, H] -> (y [B, S, H], routing of the B*S tokens)."""
+    def forward(self, x: torch.Tensor, pack: PackRows | None = None) -> tuple[torch.Tensor, Routing]:
+        """x [B, S, H] -> (y [B, S, H], routing of the B*S tokens); `pack`: where they sit in their pack."""
         flat = x.reshape(-1, x.shape[-1])
-        routing = self.gate(flat)
+        routing = self.gate(flat, pack)
         y = run_experts(self.dispatcher, flat, routing.topk_ids, routing.topk_weights, self.experts).view_as(x)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y, routing
 
-    def record_load(self, topk_ids: torch.Tensor) -> None:
-        """Add this step's selections to `load_counts` [E] (no-op unless `track_load`)."""
-        if self.track_load:
-            self.load_counts += torch.bincount(topk_ids.reshape(-1), minlength=self.num_experts)

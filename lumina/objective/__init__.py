@@ -5,7 +5,7 @@ from lumina.objective.balance import (
     expert_counts,
     expert_load,
     layer_balance_loss,
-    router_probs,
+    softmax_probs,
 )
 from lumina.objective.config import BalanceConfig, ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases, sign_rule_update
@@ -17,6 +17,6 @@ from lumina.objective.result import ObjectiveResult
 __all__ = [
     "BalanceConfig", "ExpertBiasUpdater", "LuminaObjective", "ObjectiveConfig", "ObjectiveResult",
     "balance_loss", "dp_sum", "dp_world_size", "expert_counts", "expert_load", "find_expert_biases",
-    "gather_targets", "layer_balance_loss", "normalize_labels", "router_probs", "sign_rule_update",
+    "gather_targets", "layer_balance_loss", "normalize_labels", "sign_rule_update", "softmax_probs",
     "validate_supervision",
 ]

@@ -2,8 +2,9 @@
 
 Per MoE layer, with T valid tokens, k experts per token and E experts:
     f_i = count_i / (T * k)                  count_i = times expert i is in a valid token's top-k
-    P_i = mean over valid tokens of p_i      p = s / sum_j s_j, s = sigmoid(logits)   ("sigmoid")
-                                             p = softmax(logits)                      ("softmax", official 5.5)
+    P_i = mean over valid tokens of p_i      p = the router's `balance_probs(logits)`    (p_source "router";
+                                                 the sigmoid router's: s / sum_j s_j, s = sigmoid(logits))
+                                             p = softmax(logits)                        ("softmax", official 5.5)
     layer loss = E * sum_i f_i * P_i;  the loss is the mean over layers (times a coefficient, applied outside).
 
 Scope "batch" takes f and P over all valid tokens of the pack; scope "sequence" (DeepSeek-V3's sequence-wise
@@ -17,6 +18,8 @@ loss of the whole pack.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -42,21 +45,19 @@ def expert_load(topk_ids: list[torch.Tensor], token_valid: torch.Tensor, num_exp
         return torch.stack([expert_counts(ids, token_valid, num_experts) for ids in topk_ids])
 
 
-def router_probs(router_logits: torch.Tensor, p_source: str) -> torch.Tensor:
-    """router_logits [..., E] -> fp32 per-token expert probabilities [..., E] (rows sum to 1)."""
-    logits = router_logits.float()
-    if p_source == "softmax":
-        return torch.softmax(logits, dim=-1)
-    if p_source == "sigmoid":
-        scores = torch.sigmoid(logits)
-        return scores / scores.sum(dim=-1, keepdim=True)
-    raise ValueError(f"p_source={p_source!r}: must be 'sigmoid' or 'softmax'")
+ProbsFn = Callable[[torch.Tensor], torch.Tensor]  # router logits [..., E] -> fp32 probabilities [..., E]
+
+
+def softmax_probs(router_logits: torch.Tensor) -> torch.Tensor:
+    """router_logits [..., E] -> softmax in fp32 [..., E]: the official `load_balancing_loss_func`'s P."""
+    return torch.softmax(router_logits.float(), dim=-1)
 
 
 def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, token_valid: torch.Tensor,
-                       p_source: str, segment_ids: torch.Tensor | None = None,
+                       probs_fn: ProbsFn, segment_ids: torch.Tensor | None = None,
                        num_segments: int = 1, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """router_logits [B, S, E], topk_ids [B, S, k], token_valid [B, S] -> scalar E * sum_i f_i P_i.
+    """router_logits [B, S, E], topk_ids [B, S, k], token_valid [B, S] -> scalar E * sum_i f_i P_i, with the
+    per-token probabilities p = probs_fn(router_logits) (`softmax_probs`, or a router's `balance_probs`).
 
     segment_ids int64 [B, S] in [0, num_segments] (num_segments = no segment, e.g. tail padding) gives the
     mean over non-empty segments of each segment's loss; None = one segment of all tokens. group: the
@@ -78,7 +79,7 @@ def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, toke
     seg = (segment_ids.reshape(-1).long() if segment_ids is not None
            else torch.zeros(token_valid.numel(), dtype=torch.long, device=token_valid.device))
     valid = token_valid.reshape(-1).float()
-    probs = router_probs(router_logits, p_source).reshape(-1, num_experts) * valid[:, None]
+    probs = probs_fn(router_logits).reshape(-1, num_experts) * valid[:, None]
     tokens = torch.zeros(bins, device=valid.device).index_add_(0, seg, valid)  # [bins]
     sum_p = probs.new_zeros(bins, num_experts).index_add_(0, seg, probs)  # [bins, E]
     slots = seg[:, None] * num_experts + topk_ids.reshape(-1, k).long()  # [T, k] flat (segment, expert)
@@ -96,13 +97,13 @@ def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, toke
 
 
 def balance_loss(router_logits: list[torch.Tensor], topk_ids: list[torch.Tensor], token_valid: torch.Tensor,
-                 p_source: str, segment_ids: torch.Tensor | None = None, num_segments: int = 1,
+                 probs_fn: ProbsFn, segment_ids: torch.Tensor | None = None, num_segments: int = 1,
                  group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Mean over MoE layers of `layer_balance_loss` (fp32 scalar; 0 without MoE layers)."""
     if len(router_logits) != len(topk_ids):
         raise ValueError(f"router_logits has {len(router_logits)} layers, router_topk_ids {len(topk_ids)}")
     if not router_logits:
         return torch.zeros((), device=token_valid.device)
-    losses = [layer_balance_loss(lg, ids, token_valid, p_source, segment_ids, num_segments, group)
+    losses = [layer_balance_loss(lg, ids, token_valid, probs_fn, segment_ids, num_segments, group)
               for lg, ids in zip(router_logits, topk_ids, strict=True)]
     return torch.stack(losses).mean()

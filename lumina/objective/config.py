@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TEXT_WEIGHTINGS = ("none", "inverse_t")
-P_SOURCES = ("sigmoid", "softmax")
+P_SOURCES = ("router", "softmax")
 AUX_SCOPES = ("batch", "sequence")
 
 
@@ -20,8 +20,9 @@ class BalanceConfig:
     aux_coef:    coefficient of the load-balance loss (0 switches it off).
     aux_scope:   "batch" (f and P over the pack's valid tokens) or "sequence" (DeepSeek-V3's sequence-wise
                  loss: f and P per packed segment, the segment losses averaged).
-    p_source:    "sigmoid" (P from the router's normalised sigmoid scores, what routing uses) or
-                 "softmax" (P from softmax(router_logits), the official `load_balancing_loss_func`).
+    p_source:    "router" (P from the router's own `balance_probs`: for the sigmoid router its normalised
+                 sigmoid scores, what routing uses) or "softmax" (P from softmax(router_logits), the official
+                 `load_balancing_loss_func`). ("sigmoid" was renamed "router".)
     bias_update: switch the sign-rule expert-bias update on (applied once per optimizer step).
     bias_rate:   step size of that update.
     selection_noise: std of the Gaussian noise each router adds to its biased scores when it selects experts
@@ -31,7 +32,7 @@ class BalanceConfig:
 
     aux_coef: float = 0.0
     aux_scope: str = "batch"
-    p_source: str = "sigmoid"
+    p_source: str = "router"
     bias_update: bool = True
     bias_rate: float = 1e-3
     selection_noise: float = 0.0
@@ -42,6 +43,9 @@ class BalanceConfig:
         _check_non_negative("balance.selection_noise", self.selection_noise)
         if self.aux_scope not in AUX_SCOPES:
             raise ValueError(f"ObjectiveConfig.balance.aux_scope={self.aux_scope!r}: must be one of {AUX_SCOPES}")
+        if self.p_source == "sigmoid":
+            raise ValueError("ObjectiveConfig.balance.p_source='sigmoid' was renamed 'router' (the router's own "
+                             "balance_probs; the sigmoid router's are its normalised sigmoid scores, as before)")
         if self.p_source not in P_SOURCES:
             raise ValueError(f"ObjectiveConfig.balance.p_source={self.p_source!r}: must be one of {P_SOURCES}")
         if not isinstance(self.bias_update, bool):

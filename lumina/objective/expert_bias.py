@@ -1,4 +1,5 @@
-"""Auxiliary-loss-free load balancing: the sign-rule update of each MoE router's `expert_bias`.
+"""Auxiliary-loss-free load balancing: the sign-rule update of each MoE router's expert bias (the buffer its
+`MoERouter.selection_bias()` returns).
 
 Counts accumulate over the micro-batches of one optimizer step (`accumulate`), are summed over the
 data-parallel ranks once, and are applied by `apply` from an optimizer-step hook:
@@ -12,13 +13,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lumina.model.routers import MoERouter
 from lumina.objective.reduce import dp_sum
 
 
 def find_expert_biases(model: nn.Module) -> list[torch.Tensor]:
-    """Every router's `expert_bias` buffer [E], in module order (= MoE layer order of the output lists)."""
-    return [module.expert_bias for _, module in model.named_modules()
-            if isinstance(getattr(module, "expert_bias", None), torch.Tensor)]
+    """Every router's expert bias [E] (`MoERouter.selection_bias`), in module order (= MoE layer order of the
+    output lists). A router without one raises ValueError naming it: the update cannot run on it."""
+    biases = []
+    for name, router in model.named_modules():
+        if not isinstance(router, MoERouter):
+            continue
+        bias = router.selection_bias()
+        if bias is None:
+            raise ValueError(f"objective.balance.bias_update=true needs an expert bias, but router {name or 'model'!r} "
+                             f"({type(router).__module__}.{type(router).__name__}) has none: set "
+                             "objective.balance.bias_update=false (and balance it with objective.balance.aux_coef)")
+        biases.append(bias)
+    return biases
 
 
 def sign_rule_update(load: torch.Tensor, rate: float) -> torch.Tensor:

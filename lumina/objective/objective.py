@@ -22,8 +22,8 @@ from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import TokenType
 from lumina.model.heads import LuminaHeads
-from lumina.model.router import Router
-from lumina.objective.balance import balance_loss, expert_load
+from lumina.model.routers import MoERouter
+from lumina.objective.balance import ProbsFn, balance_loss, expert_load, softmax_probs
 from lumina.objective.config import ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases
 from lumina.objective.labels import gather_targets, normalize_labels, validate_supervision
@@ -59,6 +59,7 @@ class LuminaObjective(nn.Module):
         self.bias_updater = ExpertBiasUpdater(self.config.balance.bias_rate, group)
         self.group = group
         self.sequence_group = sequence_group
+        self.router_probs: ProbsFn | None = None  # the routers' `balance_probs`, given by `configure_routers`
 
     @property
     def group(self) -> dist.ProcessGroup | None:
@@ -116,7 +117,7 @@ class LuminaObjective(nn.Module):
                 segments = dict(segment_ids=rows[start:start + batch.seq_len].unsqueeze(0),
                                 num_segments=batch.cu_seqlens.numel() - 1)
             aux = cfg.balance.aux_coef * balance_loss(output.router_logits, output.router_topk_ids,
-                                                       batch.token_valid, cfg.balance.p_source,
+                                                       batch.token_valid, self._balance_probs(),
                                                        group=self.sequence_group, **segments)
         else:
             aux = torch.zeros((), device=text_loss.device)
@@ -134,11 +135,29 @@ class LuminaObjective(nn.Module):
             expert_load=load)
 
     def configure_routers(self, model: nn.Module) -> int:
-        """Give every router of `model` this objective's training-mode selection noise; returns how many."""
-        routers = [module for module in model.modules() if isinstance(module, Router)]
+        """Give every router of `model` this objective's training-mode selection noise and take its
+        `balance_probs` for the balance loss (p_source "router"); with `balance.bias_update`, check that every
+        router has an expert bias to update. Returns how many routers."""
+        routers = [module for module in model.modules() if isinstance(module, MoERouter)]
+        kinds = {type(router) for router in routers}
+        if len(kinds) > 1:
+            raise ValueError(f"the model mixes routers {sorted(k.__name__ for k in kinds)}; the balance loss "
+                             "takes one router's balance_probs")
         for router in routers:
-            router.selection_noise = self.config.balance.selection_noise
+            router.set_selection_noise(self.config.balance.selection_noise)
+        if self.config.balance.bias_update:
+            find_expert_biases(model)  # raises naming a router without an expert bias
+        self.router_probs = routers[0].balance_probs if routers else None
         return len(routers)
+
+    def _balance_probs(self) -> ProbsFn:
+        """The balance loss's per-token probabilities: softmax, or the configured routers' own."""
+        if self.config.balance.p_source == "softmax":
+            return softmax_probs
+        if self.router_probs is None:
+            raise ValueError("objective.balance.p_source='router' takes the routers' balance_probs: call "
+                             "LuminaObjective.configure_routers(model) before the balance loss (aux_coef > 0)")
+        return self.router_probs
 
     @torch.no_grad()
     def on_optimizer_step(self, model: nn.Module) -> torch.Tensor | None:

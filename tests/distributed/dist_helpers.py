@@ -24,6 +24,11 @@ def tiny_config(**overrides) -> LuminaConfig:
     return LuminaConfig.tiny(**overrides)
 
 
+def expert_load(output, num_experts: int) -> torch.Tensor:  # noqa: ANN001 - a LuminaOutput
+    """Selections per expert of one forward, int64 [MoE layers, E], from its routing output."""
+    return torch.stack([torch.bincount(ids.reshape(-1), minlength=num_experts) for ids in output.router_topk_ids])
+
+
 def make_pack(segments: list[tuple[int, int, int, int, int]], seed: int) -> PackedBatch:
     """segments: (prompt, text, text_sup, image, image_sup) per sequence: a clean type-1 prompt (turn 0), then
     a noisy turn 1 with `text` type-3 rows (the first text_sup supervised) and `image` type-4 rows (the first

@@ -17,7 +17,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, make_pack, tiny_config, union
+from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, expert_load, make_pack, tiny_config, union
 from seed_strategy import SeedStrategy
 from torch.utils.data import DataLoader
 
@@ -81,7 +81,6 @@ def parity() -> None:
     """EP=2 x FSDP=2: gradients, the clipping norm and the weights after one clipped SGD step."""
     model = sharded(fresh_model())
     tracker = ParticipationTracker(model, tracked_modules(model.conditional_modules()))
-    model.track_expert_load(True)
     batch = my_pack()
     dispatchers = [m.dispatcher for m in model.moe_layers()]
     syncs = dict.fromkeys(map(id, dispatchers), 0)
@@ -93,7 +92,8 @@ def parity() -> None:
 
     AllToAllDispatcher.splits = counted
     try:
-        result = objective()(model(batch), batch)
+        output = model(batch)
+        result = objective()(output, batch)
     finally:
         AllToAllDispatcher.splits = read_splits
     tracker.check()
@@ -104,7 +104,7 @@ def parity() -> None:
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     host_syncs = [syncs[id(d)] for d in dispatchers]
     save("parity", {"grads": grads, "norm": norm, "clip_norm": clipped, "weights": full_state_dict(model, all_ranks=True),
-                    "load": model.expert_load(), "host_syncs": host_syncs, "checks": tracker.checks})
+                    "load": expert_load(output, model.config.num_experts), "host_syncs": host_syncs, "checks": tracker.checks})
 
 
 def parity_layout(name: str, **flags) -> None:
@@ -125,7 +125,6 @@ def checkpointing(policy: str) -> None:
         model = LuminaModel(tiny_config(gradient_checkpointing=policy))
     apply_checkpointing(model, policy)
     sharded(model)
-    model.track_expert_load(True)
     batch = my_pack()
     replayed, take = [0], RoutingTape.take
 
@@ -135,10 +134,11 @@ def checkpointing(policy: str) -> None:
 
     RoutingTape.take = counted
     try:
-        objective()(model(batch), batch).loss.backward()
+        output = model(batch)
+        objective()(output, batch).loss.backward()
     finally:
         RoutingTape.take = take
-    save(f"checkpointing_{policy}", {"grads": full_grads(model), "load": model.expert_load(),
+    save(f"checkpointing_{policy}", {"grads": full_grads(model), "load": expert_load(output, model.config.num_experts),
                                      "replayed": replayed[0]})
 
 

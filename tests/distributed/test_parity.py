@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_helpers import FEW, MANY, assert_close_by_name, make_pack, tiny_config, union
+from dist_helpers import FEW, MANY, assert_close_by_name, expert_load, make_pack, tiny_config, union
 
 from lumina.checkpoint import HFCheckpoint, load_pretrained
 from lumina.model import LuminaModel
@@ -17,16 +17,16 @@ from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 def single_process() -> dict:
     torch.manual_seed(0)
     model = LuminaModel(tiny_config())
-    model.track_expert_load(True)
     batch = union(make_pack(FEW, seed=10), make_pack(MANY, seed=11))
-    result = LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)))(model(batch), batch)
+    output = model(batch)
+    result = LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)))(output, batch)
     result.loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads.values()))  # naive: one flat vector
     with torch.no_grad():
         for p in model.parameters():  # clip to half the norm, then plain SGD
             p -= 0.1 * p.grad * (0.5 * norm / (norm + 1e-6)).float()
-    return {"grads": grads, "norm": norm, "weights": model.state_dict(), "load": model.expert_load(),
+    return {"grads": grads, "norm": norm, "weights": model.state_dict(), "load": expert_load(output, model.config.num_experts),
             "num_text": int(result.num_text_global)}
 
 

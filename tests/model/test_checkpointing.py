@@ -16,7 +16,7 @@ from lumina.data.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
 from lumina.model.checkpointing import RoutingTape, apply_checkpointing
 from lumina.model.config import CHECKPOINT_POLICIES
-from lumina.model.router import Router
+from lumina.model.routers import ROUTERS, MoERouter
 from lumina.objective import LuminaObjective
 from lumina.training.module import LuminaModule
 
@@ -34,26 +34,29 @@ class Step:
     model: LuminaModel
 
 
-def tiny_model(policy: str | bool) -> LuminaModel:
+def tiny_model(policy: str | bool, router: str = "sigmoid") -> LuminaModel:
     torch.manual_seed(0)
-    model = LuminaModel(LuminaConfig.tiny(gradient_checkpointing=policy))
+    model = LuminaModel(LuminaConfig.tiny(gradient_checkpointing=policy, score_function=router))
     apply_checkpointing(model, model.config.gradient_checkpointing)
     return model
 
 
-def train_step(policy: str, batch: PackedBatch, bias_after_forward: float = 0.0) -> Step:
-    """Forward + LuminaObjective + backward; `bias_after_forward` != 0 sets every router's expert bias to
-    that multiple of arange(E) between forward and backward (a recompute without replay would route anew)."""
-    model = tiny_model(policy)
-    model.track_expert_load()
-    loss = LuminaObjective()(model(batch), batch).loss
+def train_step(policy: str, batch: PackedBatch, bias_after_forward: float = 0.0, router: str = "sigmoid") -> Step:
+    """Forward + LuminaObjective + backward with the router named `router`; `bias_after_forward` != 0 sets
+    every router's expert bias to that multiple of arange(E) between forward and backward (a recompute
+    without replay would route anew). The load is counted from the forward's routing output."""
+    model = tiny_model(policy, router)
+    output = model(batch)
+    load = torch.stack([torch.bincount(ids.reshape(-1), minlength=model.config.num_experts)
+                        for ids in output.router_topk_ids])
+    loss = LuminaObjective()(output, batch).loss
     if bias_after_forward:
         with torch.no_grad():
             for moe in model.moe_layers():
                 moe.gate.expert_bias.copy_(bias_after_forward * torch.arange(moe.num_experts))
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
-    return Step(loss.detach(), grads, model.expert_load(), model)
+    return Step(loss.detach(), grads, load, model)
 
 
 def assert_equal_steps(got: Step, want: Step) -> None:
@@ -74,6 +77,12 @@ def reference(batch: PackedBatch) -> Step:
     return train_step("none", batch)
 
 
+@pytest.fixture(scope="module", params=ROUTERS.names())
+def router(request: pytest.FixtureRequest) -> str:
+    """Every registered router (`lumina.model.routers`): replay must recompute each one's own weights."""
+    return request.param
+
+
 def count_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Patch `RoutingTape.take` to count the router calls a recompute serves from a tape -> [count]."""
     replays, take = [0], RoutingTape.take
@@ -87,11 +96,12 @@ def count_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("policy", RECOMPUTING)
-def test_policy_gives_the_loss_gradients_and_load_of_none_exactly(policy: str, batch: PackedBatch,
-                                                                   reference: Step,
+def test_policy_gives_the_loss_gradients_and_load_of_none_exactly(policy: str, router: str, batch: PackedBatch,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = train_step("none", batch, router=router)
     replays = count_replays(monkeypatch)
-    step = train_step(policy, batch)
+    step = train_step(policy, batch, router=router)
+    assert type(step.model.moe_layers()[0].gate) is ROUTERS.get(router, "score_function")
     assert_equal_steps(step, reference)
     num_moe = step.model.config.num_moe_layers
     assert replays[0] == num_moe  # each MoE layer's router ran again in backward
@@ -205,4 +215,4 @@ def test_applying_again_replaces_the_policy_and_keeps_the_official_keys(batch: P
     assert list(model.state_dict()) == keys  # no wrapper modules, no renamed keys
     assert apply_checkpointing(model, "none") == "none"
     assert backward_replays(model, batch, monkeypatch) == 0
-    assert not any(router._forward_hooks for router in model.modules() if isinstance(router, Router))
+    assert not any(router._forward_hooks for router in model.modules() if isinstance(router, MoERouter))

@@ -1,13 +1,12 @@
-"""Grouped expert compute, the dispatcher seam, load counters, gradient checkpointing."""
+"""Grouped expert compute, the dispatcher seam, gradient checkpointing."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import make_batch
 
-from lumina.model import GroupedExperts, LocalDispatcher, LuminaConfig, LuminaModel, MoE
+from lumina.model import GroupedExperts, LocalDispatcher, LuminaConfig, MoE
 from lumina.model.dispatch import group_by_expert
 from lumina.model.experts import (
     combine_copies,
@@ -188,23 +187,6 @@ def test_the_dispatcher_is_a_replaceable_object() -> None:
     after, _ = moe(x)
     assert moe.dispatcher.calls == 1
     torch.testing.assert_close(before, after)
-
-
-def test_expert_load_counts_selections_and_resets() -> None:
-    torch.manual_seed(0)
-    model = LuminaModel(LuminaConfig.tiny())
-    batch = make_batch([1, 3, 3, 4, 4, 1, 2])
-    model(batch)
-    assert int(model.expert_load().sum()) == 0  # off by default
-    model.track_expert_load()
-    out1, out2 = model(batch), model(batch)
-    want = torch.stack([torch.bincount(a.flatten(), minlength=8) + torch.bincount(b.flatten(), minlength=8)
-                        for a, b in zip(out1.router_topk_ids, out2.router_topk_ids, strict=True)])
-    load = model.expert_load(reset=True)
-    assert load.shape == (model.config.num_moe_layers, 8) and load.dtype == torch.int64
-    assert torch.equal(load, want)
-    assert int(model.expert_load().sum()) == 0
-    assert not any("load_counts" in k for k in model.state_dict())
 
 
 def test_bf16_combine_weighs_and_sums_in_fp32() -> None:

@@ -105,7 +105,6 @@ def test_meta_build_materialises_with_the_official_init() -> None:
     bound = 1 / math.sqrt(cfg.hidden_size)  # kaiming_uniform(a=sqrt(5)) on fan_in H
     assert float(moe.gate.weight.abs().max()) <= bound and float(moe.gate.weight.std()) > bound / 3
     assert torch.equal(moe.gate.expert_bias, torch.zeros(cfg.num_experts))
-    assert torch.equal(moe.load_counts, torch.zeros(cfg.num_experts, dtype=torch.int64))
     assert torch.equal(bb.norm.weight, torch.ones(cfg.hidden_size))
     head = model.multi_codebook_head
     block = head.channel_blocks[0]
@@ -132,4 +131,4 @@ def test_init_weights_rewrites_every_tensor_of_a_meta_built_model() -> None:
     model.init_weights()
     left = [name for name, t in tensors.items() if (t.isnan() if t.is_floating_point() else t == -7).any()]
     assert left == []
-    assert "model.rotary_emb.inv_freq" in tensors and "model.layers.1.mlp.load_counts" in tensors
+    assert "model.rotary_emb.inv_freq" in tensors and "model.layers.1.mlp.gate.expert_bias" in tensors

@@ -8,16 +8,16 @@ import torch
 from lumina_reference import moe as reference_moe
 from lumina_reference import route as reference_route
 
-from lumina.model import LuminaConfig, MoE, Router
+from lumina.model import LuminaConfig, MoE, SigmoidRouter
 
 # 16 experts in 4 groups of 4: the group score (top-2 sum) differs from max / full-sum scoring
 ROUTER_CFG = dict(num_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4)
 
 
-def _router(seed: int = 0, **overrides: object) -> Router:
+def _router(seed: int = 0, **overrides: object) -> SigmoidRouter:
     cfg = LuminaConfig.tiny(**{**ROUTER_CFG, **overrides})
     torch.manual_seed(seed)
-    return Router(cfg)
+    return SigmoidRouter(cfg)
 
 
 def test_router_selection_with_a_large_bias_matches_the_group_limited_rule() -> None:

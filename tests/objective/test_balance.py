@@ -1,4 +1,5 @@
-"""Load-balance loss on a hand-built routing, both P sources, invalid tokens excluded."""
+"""Load-balance loss on a hand-built routing, both P sources (the sigmoid router's own probabilities and the
+official softmax), invalid tokens excluded."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ import pytest
 import torch
 from objective_helpers import HandOutput, make_batch
 
-from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig, balance_loss, expert_load
+from lumina.model import LuminaConfig, SigmoidRouter
+from lumina.objective import (
+    BalanceConfig,
+    LuminaObjective,
+    ObjectiveConfig,
+    balance_loss,
+    expert_load,
+    softmax_probs,
+)
 
 E, K = 4, 2
 LOGITS = [[1.0, 0.0, -1.0, 2.0], [0.5, 0.5, -2.0, 0.0], [-1.0, 3.0, 0.0, 1.0], [9.0, 9.0, -9.0, 4.0]]
 TOPK = [[3, 0], [0, 1], [1, 3], [0, 1]]
 VALID = [True, True, True, False]  # token 3 is padding
+SIGMOID_ROUTER = SigmoidRouter(LuminaConfig.tiny(num_experts=E, n_group=1, topk_group=1, num_experts_per_tok=K))
+PROBS = {"sigmoid": SIGMOID_ROUTER.balance_probs, "softmax": softmax_probs}  # naive_loss's names -> P functions
 
 
 def naive_loss(logits: list[list[float]], topk: list[list[int]], valid: list[bool], p_source: str) -> float:
@@ -49,7 +60,7 @@ def tensors(logits=LOGITS, topk=TOPK, valid=VALID):
 @pytest.mark.parametrize("p_source", ["sigmoid", "softmax"])
 def test_balance_loss_matches_hand_computation(p_source: str) -> None:
     logits, topk, valid = tensors()
-    got = balance_loss([logits], [topk], valid, p_source)
+    got = balance_loss([logits], [topk], valid, PROBS[p_source])
     assert got.item() == pytest.approx(naive_loss(LOGITS, TOPK, VALID, p_source), rel=1e-6)
     got.backward()
     assert logits.grad[0, 3].abs().sum().item() == 0.0  # the padding token gets no gradient
@@ -58,7 +69,7 @@ def test_balance_loss_matches_hand_computation(p_source: str) -> None:
 
 def test_softmax_variant_reproduces_the_official_function_when_all_tokens_valid() -> None:
     logits, topk, _ = tensors()
-    got = balance_loss([logits], [topk], torch.ones(1, 4, dtype=torch.bool), "softmax")
+    got = balance_loss([logits], [topk], torch.ones(1, 4, dtype=torch.bool), PROBS["softmax"])
     assert got.item() == pytest.approx(official_softmax_loss(LOGITS, TOPK), rel=1e-6)
 
 
@@ -67,9 +78,9 @@ def test_invalid_tokens_do_not_change_the_loss_or_counts() -> None:
     changed_logits[3] = [-5.0, 7.0, 7.0, 0.0]
     changed_topk = [row[:] for row in TOPK]
     changed_topk[3] = [2, 2]
-    a = balance_loss([tensors()[0]], [tensors()[1]], tensors()[2], "sigmoid")
+    a = balance_loss([tensors()[0]], [tensors()[1]], tensors()[2], PROBS["sigmoid"])
     b_logits, b_topk, b_valid = tensors(changed_logits, changed_topk)
-    b = balance_loss([b_logits], [b_topk], b_valid, "sigmoid")
+    b = balance_loss([b_logits], [b_topk], b_valid, PROBS["sigmoid"])
     assert a.item() == b.item()
     load = expert_load([b_topk], b_valid, E)
     assert load.tolist() == [[2.0, 2.0, 0.0, 2.0]]  # expert 2 is only picked by the padding token
@@ -80,14 +91,14 @@ def test_layers_are_averaged() -> None:
     other_topk = [[2, 3]] * 4
     l1, t1, valid = tensors()
     l2, t2, _ = tensors(other_logits, other_topk)
-    got = balance_loss([l1, l2], [t1, t2], valid, "sigmoid")
+    got = balance_loss([l1, l2], [t1, t2], valid, PROBS["sigmoid"])
     expected = (naive_loss(LOGITS, TOPK, VALID, "sigmoid") + naive_loss(other_logits, other_topk, VALID, "sigmoid")) / 2
     assert got.item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_no_valid_token_gives_a_connected_zero() -> None:
     logits, topk, _ = tensors()
-    got = balance_loss([logits], [topk], torch.zeros(1, 4, dtype=torch.bool), "sigmoid")
+    got = balance_loss([logits], [topk], torch.zeros(1, 4, dtype=torch.bool), PROBS["sigmoid"])
     assert got.item() == 0.0 and got.grad_fn is not None
     got.backward()
     assert torch.isfinite(logits.grad).all()
@@ -98,7 +109,7 @@ def test_a_single_expert_gives_a_connected_zero_like_the_official_function(p_sou
     # E = 1: f = [1], P = [1], so E * sum f P would be 1; contract 5.5 returns 0 for E <= 1
     logits = torch.tensor([[[0.3], [-1.2], [2.0]]], requires_grad=True)
     got = balance_loss([logits], [torch.zeros(1, 3, 1, dtype=torch.long)], torch.ones(1, 3, dtype=torch.bool),
-                       p_source)
+                       PROBS[p_source])
     assert got.item() == 0.0 and got.grad_fn is not None
 
 
@@ -138,7 +149,7 @@ def test_gradient_descent_on_the_balance_loss_moves_load_off_the_overloaded_expe
     before = expert_load([ids], valid, experts)[0]
     assert before[5] == tokens
 
-    balance_loss([logits], [ids], valid, p_source, **segments).backward()
+    balance_loss([logits], [ids], valid, PROBS[p_source], **segments).backward()
     grad = logits.grad[0]
     # the overloaded expert's logit has a positive gradient at every token (descent lowers it); the others,
     # each below the mean load, have negative ones (descent raises them)
@@ -165,9 +176,9 @@ def test_sequence_scope_sees_a_collapse_that_the_pack_average_hides() -> None:
     valid = torch.ones(1, 2 * per_sample, dtype=torch.bool)
     seg = (torch.arange(2 * per_sample) >= per_sample).long().unsqueeze(0)
 
-    batch = balance_loss([logits], [ids], valid, "sigmoid")
+    batch = balance_loss([logits], [ids], valid, PROBS["sigmoid"])
     (batch_grad,) = torch.autograd.grad(batch, logits)
-    sequence = balance_loss([logits], [ids], valid, "sigmoid", segment_ids=seg, num_segments=2)
+    sequence = balance_loss([logits], [ids], valid, PROBS["sigmoid"], segment_ids=seg, num_segments=2)
     (seq_grad,) = torch.autograd.grad(sequence, logits)
 
     assert batch.item() == pytest.approx(1.0, abs=1e-6)  # E * sum_i (1/E) P_i = sum_i P_i = 1
@@ -184,7 +195,7 @@ def test_sequence_scope_is_the_mean_of_per_sample_losses_and_skips_padding() -> 
     logits, topk = LOGITS + [[0.0, 0.0, 5.0, 5.0]], TOPK + [[2, 3]]
     valid = [True, True, False, True, False]
     seg = torch.tensor([[0, 0, 0, 1, 2]])
-    got = balance_loss([torch.tensor([logits])], [torch.tensor([topk])], torch.tensor([valid]), "sigmoid",
+    got = balance_loss([torch.tensor([logits])], [torch.tensor([topk])], torch.tensor([valid]), PROBS["sigmoid"],
                        segment_ids=seg, num_segments=2)
     first = naive_loss(LOGITS[:3], TOPK[:3], [True, True, False], "sigmoid")
     second = naive_loss([LOGITS[3]], [TOPK[3]], [True], "sigmoid")
@@ -199,7 +210,11 @@ def test_objective_sequence_scope_reads_the_packs_segments() -> None:
     batch = make_batch([1, 1, 1, 0], torch.full((1, 4, 2), -100), token_valid=VALID)
     batch.cu_seqlens = torch.tensor([0, 1, 3], dtype=torch.int32)  # samples [0, 1) and [1, 3); row 3 is tail
     cfg = ObjectiveConfig(balance=BalanceConfig(aux_coef=0.1, aux_scope="sequence", bias_update=False))
-    result = LuminaObjective(cfg)(out, batch)
+    objective = LuminaObjective(cfg)
+    with pytest.raises(ValueError, match=r"p_source='router'.*configure_routers"):
+        objective(out, batch)  # p_source "router" (the default): P comes from the model's routers
+    assert objective.configure_routers(SIGMOID_ROUTER) == 1
+    result = objective(out, batch)
     expected = 0.1 * (naive_loss(LOGITS[:1], TOPK[:1], [True], "sigmoid")
                       + naive_loss(LOGITS[1:3], TOPK[1:3], [True, True], "sigmoid")) / 2
     assert result.balance_loss.item() == pytest.approx(expected, rel=1e-6)

@@ -36,3 +36,8 @@ def test_hydra_instantiates_nested_balance() -> None:
 def test_bad_values_raise_naming_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         ObjectiveConfig(**kwargs)
+
+
+def test_the_old_p_source_name_fails_naming_its_new_name() -> None:
+    with pytest.raises(ValueError, match=r"p_source='sigmoid' was renamed 'router'"):
+        ObjectiveConfig(balance={"p_source": "sigmoid"})

@@ -7,7 +7,7 @@ import torch
 from objective_helpers import HandOutput, make_batch
 from torch import nn
 
-from lumina.model import LuminaOutput
+from lumina.model import LuminaConfig, LuminaOutput, MoERouter, SigmoidRouter
 from lumina.objective import (
     BalanceConfig,
     LuminaObjective,
@@ -17,27 +17,26 @@ from lumina.objective import (
 )
 
 E = 4
+ROUTER_CONFIG = LuminaConfig.tiny(num_experts=E, n_group=1, topk_group=1, num_experts_per_tok=2)
 
 
-class Gate(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("expert_bias", torch.zeros(E))
+class NoBiasRouter(MoERouter):
+    """A user's router that declares no expert bias (the base class's `selection_bias`)."""
 
 
 class Layer(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, router: type[MoERouter]) -> None:
         super().__init__()
         self.mlp = nn.Module()
-        self.mlp.gate = Gate()
+        self.mlp.gate = router(ROUTER_CONFIG)
 
 
 class Routers(nn.Module):
-    """Two MoE layers that hold `mlp.gate.expert_bias`, like the model."""
+    """Two MoE layers with a router at `mlp.gate`, like the model."""
 
-    def __init__(self) -> None:
+    def __init__(self, router: type[MoERouter] = SigmoidRouter) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([Layer(), Layer()])
+        self.layers = nn.ModuleList([Layer(router), Layer(router)])
 
 
 def test_sign_rule_on_a_hand_load() -> None:
@@ -54,6 +53,17 @@ def test_find_expert_biases_in_module_order() -> None:
     assert len(biases) == 2
     assert biases[0] is model.layers[0].mlp.gate.expert_bias
     assert biases[1] is model.layers[1].mlp.gate.expert_bias
+
+
+def test_a_router_without_an_expert_bias_is_refused_naming_it() -> None:
+    model = Routers(NoBiasRouter)
+    with pytest.raises(ValueError, match=r"router 'layers.0.mlp.gate' \(.*NoBiasRouter\) has none"):
+        find_expert_biases(model)
+    objective = LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=True)))
+    with pytest.raises(ValueError, match=r"bias_update=true needs an expert bias.*NoBiasRouter"):
+        objective.configure_routers(model)  # refused when the run is built, before any step
+    off = LuminaObjective(ObjectiveConfig(balance=BalanceConfig(bias_update=False)))
+    assert off.configure_routers(model) == 2
 
 
 def routed(topk: list[list[int]], valid: list[bool]) -> tuple[LuminaOutput, object]:

@@ -93,6 +93,7 @@ def test_cuda_matches_cpu() -> None:
         model = build_model().to(device)
         batch = pack.to(device)
         objective = LuminaObjective(cfg)
+        objective.configure_routers(model)
         result = objective(model(batch), batch)
         result.loss.backward()
         update = objective.on_optimizer_step(model)
