@@ -9,9 +9,12 @@ official loader reads, refuses it, naming the field and the part.
 from __future__ import annotations
 
 from lumina.model.config import LuminaConfig
+from lumina.model.image_heads import IMAGE_HEADS
 from lumina.parts import Registry
 
-OFFICIAL_PART_FIELDS: tuple[tuple[str, Registry], ...] = ()
+OFFICIAL_PART_FIELDS: tuple[tuple[str, Registry], ...] = (
+    ("image_head", IMAGE_HEADS),
+)
 
 
 def unofficial_parts(config: LuminaConfig) -> list[str]:
