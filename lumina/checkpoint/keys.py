@@ -16,18 +16,16 @@ import re
 import torch
 
 from lumina.model.config import LuminaConfig
+from lumina.model.image_heads import IMAGE_HEADS, image_head_class
 from lumina.model.routers import ROUTERS
 
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 LAYOUTS = ("split", "fused")
 MODEL_TYPE_OF_LAYOUT = {"split": "llada2_moe", "fused": "llada2_moe_veomni"}
 
-# Persistent buffers kept in a fixed dtype: the router's (its class's BUFFER_DTYPES; the official sigmoid
-# router's fp32 expert_bias) and the channel head's bf16 mask.
+# Persistent buffers kept in a fixed dtype are declared by their parts: a router's `BUFFER_DTYPES` (the official
+# sigmoid router's fp32 expert_bias) and an image head's `buffer_dtypes` (the channel head's bf16 mask).
 _GATE_BUFFER_RE = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.(\w+)$")
-_BUFFER_DTYPES = (
-    (re.compile(r"^multi_codebook_head\.channel_mask$"), torch.bfloat16),
-)
 _SPLIT_RE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_RE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_proj|up_proj|down_proj)$")
 
@@ -66,9 +64,11 @@ def official_buffer_dtype(key: str) -> torch.dtype | None:
     gate = _GATE_BUFFER_RE.match(key)
     if gate is not None:
         return _router_buffer_dtypes().get(gate.group(1))
-    for pattern, dtype in _BUFFER_DTYPES:
-        if pattern.match(key):
-            return dtype
+    prefix, _, rest = key.partition(".")
+    for name in IMAGE_HEADS.names():
+        head = IMAGE_HEADS.get(name, "image_head")
+        if head.module_name == prefix and rest in head.buffer_dtypes:
+            return head.buffer_dtypes[rest]
     return None
 
 
@@ -79,7 +79,7 @@ def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tu
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     c = config
     router = ROUTERS.get(c.score_function, "LuminaConfig.score_function")
-    h, d, n_cb = c.hidden_size, c.hidden_size, c.num_codebooks
+    h, n_cb = c.hidden_size, c.num_codebooks
     qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.word_embeddings.weight": (c.vocab_size, h)}
     for cb in range(n_cb):
@@ -112,7 +112,8 @@ def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tu
     shapes["lm_head.weight"] = (c.vocab_size, h)
     for cb in range(n_cb):
         shapes[f"lm_img_head.{cb}.weight"] = (c.codebook_size, h)
-    shapes.update(_channel_head_shapes(c, d, n_cb))
+    head = image_head_class(c)
+    shapes.update({f"{head.module_name}.{key}": shape for key, shape in head.state_shapes(c).items()})
     return shapes
 
 
@@ -125,25 +126,3 @@ def _router_buffer_dtypes() -> dict[str, torch.dtype]:
 def _swiglu_shapes(prefix: str, hidden: int, width: int) -> dict[str, tuple[int, ...]]:
     return {prefix + "gate_proj.weight": (width, hidden), prefix + "up_proj.weight": (width, hidden),
             prefix + "down_proj.weight": (hidden, width)}
-
-
-def _channel_head_shapes(c: LuminaConfig, d: int, n_cb: int) -> dict[str, tuple[int, ...]]:
-    p = "multi_codebook_head."
-    shapes: dict[str, tuple[int, ...]] = {
-        p + "condition_proj.weight": (d, c.hidden_size), p + "condition_proj.bias": (d,),
-        p + "channel_embed": (1, n_cb, d), p + "timesteps_embeddings": (1, n_cb, d),
-        p + "channel_mask": (n_cb, n_cb),
-    }
-    head_dim, mlp = d // c.channel_heads, c.channel_mlp_ratio * d
-    for b in range(c.channel_depth):
-        q = f"{p}channel_blocks.{b}."
-        for name, out_in in (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
-                             ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)),
-                             ("mlp.fc1", (mlp, d)), ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d))):
-            shapes[f"{q}{name}.weight"] = out_in
-            shapes[f"{q}{name}.bias"] = (out_in[0],)
-    shapes[p + "channel_norm.weight"] = (d,)
-    shapes[p + "channel_norm.bias"] = (d,)
-    shapes[p + "channel_final.adaLN_modulation.1.weight"] = (2 * d, d)
-    shapes[p + "channel_final.adaLN_modulation.1.bias"] = (2 * d,)
-    return shapes

@@ -28,7 +28,7 @@ from lumina.generation.guidance import guide_dual, guide_single
 from lumina.generation.sampling import cosine_keep, gumbel, remask_lowest, sample_tokens
 from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
-from lumina.model.channel_head import SampleFn
+from lumina.model.image_heads import SampleFn
 
 
 @dataclass

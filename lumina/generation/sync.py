@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 # (submodule path, method) the samplers call instead of forward; under FSDP2 each must unshard its unit.
-SAMPLER_METHODS = (("", "backbone"), ("", "sample_image_codes"), ("multi_codebook_head", "sample"))
+SAMPLER_METHODS = (("", "backbone"), ("", "sample_image_codes"), ("image_head", "sample"))
 
 
 def distributed() -> bool:

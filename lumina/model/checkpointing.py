@@ -128,11 +128,11 @@ def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:
     code, by replacing methods on the module instances (names and state-dict keys stay as they are):
       full       each decoder layer's `forward`;
       selective  each decoder layer's `ffn` (post-attention RMSNorm + FFN / MoE sub-block);
-      both       the channel head's `run`, CHANNEL_CHECKPOINT_ROWS image rows at a time.
+      both       the image head's `run` (`ImageHead.run`), CHANNEL_CHECKPOINT_ROWS image rows at a time.
     One `Checkpointer` on the model's routers replays their top-k on recompute. Applying again replaces the
     previous policy. Returns the policy applied."""
     policy = checkpoint_policy(policy, "gradient_checkpointing")
-    layers, head = model.model.layers, model.multi_codebook_head
+    layers, head = model.model.layers, model.image_head
     for module, name in [(layer, name) for layer in layers for name in ("forward", "ffn")] + [(head, "run")]:
         previous = vars(module).pop(name, None)  # back to the class's method
         if isinstance(previous, Checkpointed):

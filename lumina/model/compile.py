@@ -55,7 +55,7 @@ def _compile_method(module: nn.Module, name: str, dynamic_rows: bool = False) ->
 
 def apply_compile(model: nn.Module) -> None:
     """Compile `model`'s decoder layers (their `forward` and `ffn`, the sub-block selective checkpointing
-    runs) and its channel head's blocks (`MultiCodebookHead.run`), in place. Apply after
+    runs) and its channel head's blocks (`ImageHead.run`), in place. Apply after
     `apply_checkpointing` (applying that again drops the compiled forms; apply this again after it) and
     before a sharding strategy wraps the layers; applying twice changes nothing."""
     # A checkpointed recompute must run the graphs its forward ran; dynamo's most-recently-used reordering of a
@@ -67,7 +67,7 @@ def apply_compile(model: nn.Module) -> None:
     for layer in model.model.layers:
         _compile_method(layer, "forward")
         _compile_method(layer, "ffn")
-    _compile_method(model.multi_codebook_head, "run", dynamic_rows=True)
+    _compile_method(model.image_head, "run", dynamic_rows=True)
 
 
 def compiled_graphs() -> int:

@@ -34,6 +34,9 @@ OFFICIAL_KEYS = (
 HARD_CODED_KEYS = (
     "image_vocab_size", "codebook_size", "channel_depth", "channel_heads", "channel_mlp_ratio",
 )
+# Research parts chosen by name (lumina.parts); written to config.json so lumina's reader rebuilds the same model
+# (a config.json without them gets the official parts, the defaults).
+PART_KEYS = ("image_head",)
 # lumina-only runtime choices; never written to config.json.
 TRAINING_KEYS = ("attn_backend", "attn_rule", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
                  "loss_chunk_rows", "router_init")
@@ -130,6 +133,8 @@ class LuminaConfig:
     channel_depth: int = 6
     channel_heads: int = 8
     channel_mlp_ratio: int = 4
+    # --- research parts (names in their registries) ---
+    image_head: str = "channel_ar"  # lumina.model.image_heads: channel_ar (official) | parallel | a dotted path
     # --- lumina training knobs ---
     attn_backend: str = "auto"  # a lumina.attention.BACKENDS name or dotted path; auto: resolved at model build
     attn_rule: str = "auto"  # a lumina.attention.RULES name or dotted path; auto: the official choice per pack
@@ -207,6 +212,8 @@ class LuminaConfig:
             bad("pad_token_id", f"outside the text vocab [0, {self.vocab_size})")
         if self.num_shared_experts is not None and self.num_shared_experts < 0:
             bad("num_shared_experts", "must be None or >= 0")
+        if not isinstance(self.image_head, str) or not self.image_head:
+            bad("image_head", "must name an image head (lumina.model.image_heads) or a dotted path to one")
         check_backend_name(self.attn_backend, "LuminaConfig.attn_backend")
         check_rule_name(self.attn_rule, "LuminaConfig.attn_rule")
         if isinstance(self.loss_chunk_rows, bool) or not isinstance(self.loss_chunk_rows, int) \
@@ -261,7 +268,7 @@ class LuminaConfig:
     def to_hf(self, **changes: Any) -> dict[str, Any]:
         """The config.json dict: official keys in official order, then the hard-coded sizes, then unknown keys."""
         out = {k: getattr(self, k) for k in OFFICIAL_KEYS}
-        out.update({k: getattr(self, k) for k in HARD_CODED_KEYS})
+        out.update({k: getattr(self, k) for k in HARD_CODED_KEYS + PART_KEYS})
         out.update(self.extra)
         out.update(changes)
         return json.loads(json.dumps(out))  # deep copy of plain JSON types

@@ -24,16 +24,13 @@ Convention (what `torch.utils.flop_counter.FlopCounterMode` counts, and what MFU
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch import nn
 
 from lumina.attention import Pairs, build_spec
 from lumina.attention.backend import backend_class
 from lumina.data.batch import PackedBatch
-from lumina.model.channel_head import ChannelAttention, MultiCodebookHead
 from lumina.model.config import LuminaConfig
+from lumina.model.image_heads import ImageHeadMACs, build_image_head
 from lumina.model.supervision import PackRows
 
 ATTENTION_PARTS = ("attention_core", "channel_attention")  # 3.5 x forward in training; the other parts 3 x
@@ -89,48 +86,31 @@ def batch_flops(config: LuminaConfig, batch: PackedBatch, backend: str) -> int:
     return training_flops(config, PackRows.of(batch), pack_attention_pairs(batch, backend, config.attn_rule))
 
 
-@dataclass(frozen=True)
-class ChannelHeadMACs:
-    """Multiply-adds of the channel head and the codebook heads per supervised image row."""
-
-    linears: int  # the channel head's linear layers
-    attention: int  # its C x C attention products (computed dense)
-    width: int  # D, the codebook heads' input width
+_IMAGE_HEAD_MACS: dict[str, ImageHeadMACs] = {}  # by repr(config)
 
 
-_CHANNEL_HEAD_MACS: dict[str, ChannelHeadMACs] = {}  # by repr(config)
-
-
-def channel_head_macs(config: LuminaConfig) -> ChannelHeadMACs:
-    """Read from the layers of a `MultiCodebookHead(config)` built on the meta device (cached per config):
-    `condition_proj` runs once per row, every other linear layer on each of the C positions, and each
-    `ChannelAttention` forms C x C scores and their weighted sum over its heads' width."""
+def image_head_macs(config: LuminaConfig) -> ImageHeadMACs:
+    """`ImageHead.macs_per_row` of the head `config.image_head` names, built on the meta device (cached)."""
     key = repr(config)
-    if key not in _CHANNEL_HEAD_MACS:
+    if key not in _IMAGE_HEAD_MACS:
         with torch.device("meta"):
-            head = MultiCodebookHead(config)
-        positions, cond = config.num_codebooks, head.condition_proj
-        per_position = sum(m.in_features * m.out_features for m in head.modules()
-                           if isinstance(m, nn.Linear) and m is not cond)
-        attention = sum(2 * positions * positions * m.num_heads * m.head_dim
-                        for m in head.modules() if isinstance(m, ChannelAttention))
-        _CHANNEL_HEAD_MACS[key] = ChannelHeadMACs(cond.in_features * cond.out_features + positions * per_position,
-                                                  attention, cond.out_features)
-    return _CHANNEL_HEAD_MACS[key]
+            _IMAGE_HEAD_MACS[key] = build_image_head(config).macs_per_row()
+    return _IMAGE_HEAD_MACS[key]
 
 
 def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str, int]:
     """Forward FLOPs of one pack of `rows` whose attention computes `pairs` (query, key) pairs per query head,
     by part: embed, attention (projections), attention_core (Q K^T and P V),
     dense_ffn, router, experts (the k routed ones), shared_expert, combine (weighting the k outputs),
-    text_head, channel_head (its linear layers), channel_attention, image_heads."""
+    text_head, channel_head (the image head's linear layers), channel_attention (its attention products),
+    image_heads (the C codebook heads)."""
     c = config
     hidden, positions = c.hidden_size, rows.positions
     heads_width = c.num_attention_heads * c.head_dim
     qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     dense_layers, moe_layers = c.first_k_dense_replace, c.num_moe_layers
     k = c.num_experts_per_tok
-    channel = channel_head_macs(config)
+    channel = image_head_macs(config)
     parts = {
         "embed": rows.image_inputs * c.num_codebooks * hidden * hidden,
         "attention": c.num_hidden_layers * positions * hidden * (qkv_width + heads_width),
@@ -143,7 +123,7 @@ def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str,
         "text_head": rows.text * hidden * c.vocab_size,
         "channel_head": rows.image * channel.linears,
         "channel_attention": rows.image * channel.attention,
-        "image_heads": rows.image * c.num_codebooks * channel.width * c.codebook_size,
+        "image_heads": rows.image * c.num_codebooks * hidden * c.codebook_size,
     }
     return {name: 2 * macs for name, macs in parts.items()}
 

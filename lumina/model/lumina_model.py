@@ -1,5 +1,6 @@
-"""`LuminaModel`: the InternLumina-U2 LM (official `LLaDA2MoeModelLM`): backbone + text head + image heads +
-the multi-codebook channel head, with state-dict keys equal to the official fused layout."""
+"""`LuminaModel`: the InternLumina-U2 LM (official `LLaDA2MoeModelLM`): backbone + text head + codebook heads +
+the image head `config.image_head` names (official: the multi-codebook channel head), with state-dict keys
+equal to the official fused layout."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from lumina.attention import AttentionSpec, build_spec
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import IGNORE_INDEX, TokenType
 from lumina.model.backbone import Backbone
-from lumina.model.channel_head import MultiCodebookHead, SampleFn
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads
+from lumina.model.image_heads import ImageHead, SampleFn, image_head_class
 from lumina.model.layers import check_finite
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
@@ -32,7 +33,9 @@ class LuminaModel(nn.Module):
         self.lm_img_head = nn.ModuleList(
             Head(config.hidden_size, config.codebook_size, std, chunk, check, "image logits")
             for _ in range(config.num_codebooks))
-        self.multi_codebook_head = MultiCodebookHead(config)
+        head = image_head_class(config)
+        self.image_head_name = head.module_name  # the attribute holding it: its checkpoint key prefix
+        self.add_module(head.module_name, head(config))
 
     # ---- construction helpers ----
     @torch.no_grad()
@@ -52,8 +55,13 @@ class LuminaModel(nn.Module):
             "img_embeddings_proj": self.model.img_embeddings_proj,
             "lm_head": self.lm_head,
             "lm_img_head": self.lm_img_head,
-            "multi_codebook_head": self.multi_codebook_head,
+            self.image_head_name: self.image_head,
         }
+
+    @property
+    def image_head(self) -> ImageHead:
+        """The image head (`ImageHead`; official: `multi_codebook_head`)."""
+        return getattr(self, self.image_head_name)
 
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
@@ -75,9 +83,9 @@ class LuminaModel(nn.Module):
         return LuminaHeads(self.lm_head, self.lm_img_head)
 
     def sample_image_codes(self, h_rows: torch.Tensor, sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codebook-by-codebook sampling at h_rows [N, H] -> (codes [N, C], probabilities [N, C]); see
-        `MultiCodebookHead.sample`."""
-        return self.multi_codebook_head.sample(h_rows, sample_fn, self.model.img_embeddings, self.lm_img_head)
+        """The image head's sampling at h_rows [N, H] -> (codes [N, C], probabilities [N, C]); see
+        `ImageHead.sample`."""
+        return self.image_head.sample(h_rows, sample_fn, self.model.img_embeddings, self.lm_img_head)
 
     # ---- training forward ----
     def select_rows(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,6 +134,9 @@ class LuminaModel(nn.Module):
         check = cfg.check_finite
         spec = self._prologue(batch)
         text_rows, image_rows, codes = self.select_rows(batch)
+        head = self.image_head
+        if not head.teacher_forced:
+            codes = codes[:0]
         embeds, code_embeds = self.model.embed(batch.input_ids, batch.type_ids, extra_codes=codes)
         check_finite(check, "embeddings", embeds, code_embeds)
         hidden, routings = self.model.decode(embeds, batch.position_ids, spec, _pack_rows(batch))
@@ -133,7 +144,7 @@ class LuminaModel(nn.Module):
 
         flat = hidden.reshape(-1, hidden.shape[-1])
         forced_rows = image_rows if batch.labels is not None else image_rows[:0]
-        states = self.multi_codebook_head(flat[forced_rows], code_embeds[:, :-1])
+        states = head(flat[forced_rows], code_embeds[:, :-1])
         check_finite(check, "channel head", states)
 
         batch_size, seq = hidden.shape[:2]

@@ -68,11 +68,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lumina.model.channel_head import MultiCodebookHead
 from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.dtypes import float_dtype, float_dtype_of_size
 from lumina.model.experts import experts_per_rank
+from lumina.model.image_heads import ImageHead, build_image_head, image_head_class
 from lumina.model.linear_ce import auto_chunk_rows
 from lumina.model.lumina_model import LuminaModel
 from lumina.model.params import ParameterCounts, parameter_counts
@@ -178,12 +178,13 @@ def backbone_bytes(config: LuminaConfig, policy: str, a: int) -> tuple[int, int]
     return kept + _rmsnorm_saved(config.hidden_size, a) + 2 * config.rotary_dims * a, recompute
 
 
-def _saved_bytes(head: MultiCodebookHead, rows: int, dtype: torch.dtype) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves in `head`'s teacher-forced forward on `rows`
-    rows (on the head's device)."""
-    positions, width = head.num_codebooks, head.condition_proj.in_features
-    h = torch.empty(rows, width, dtype=dtype, device=head.channel_embed.device, requires_grad=True)
-    prefix = torch.empty(rows, positions - 1, width, dtype=dtype, device=h.device, requires_grad=True)
+def _saved_bytes(head: ImageHead, width: int, rows: int, dtype: torch.dtype) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves in `head`'s training forward on `rows` rows
+    of width H (on the head's device; teacher-forcing code embeddings when the head reads them)."""
+    device = next(head.parameters()).device
+    h = torch.empty(rows, width, dtype=dtype, device=device, requires_grad=True)
+    forced = rows if head.teacher_forced else 0
+    prefix = torch.empty(forced, head.num_codebooks - 1, width, dtype=dtype, device=device, requires_grad=True)
     # a storage's identity is its `_cdata` (meta storages all have data_ptr 0)
     own = {t.untyped_storage()._cdata for t in (*head.parameters(), *head.buffers())}
     saved: dict[int, int] = {}
@@ -200,16 +201,17 @@ def _saved_bytes(head: MultiCodebookHead, rows: int, dtype: torch.dtype) -> int:
 
 
 def channel_head_bytes_per_row(config: LuminaConfig, a: int) -> int:
-    """Per supervised image row: what the multi-codebook channel head keeps for backward, measured on a
-    `MultiCodebookHead(config)` in the activation dtype on the meta device (4 rows less 2, so what a call
+    """Per supervised image row: what the image head (`config.image_head`) keeps for backward, measured on it
+    in the activation dtype on the meta device (4 rows less 2, so what a call
     keeps whatever its row count drops out; cached per config). The meta kernels stand for the CPU ones: in
     fp32 they match to about 0.5% per row, in bf16 they keep about 10% more around the attention."""
     key = (repr(config), a)
     if key not in _CHANNEL_HEAD_BYTES:
         dtype = float_dtype_of_size(a)
         with torch.device("meta"):
-            head = MultiCodebookHead(config).to(dtype)
-        _CHANNEL_HEAD_BYTES[key] = (_saved_bytes(head, 4, dtype) - _saved_bytes(head, 2, dtype)) // 2
+            head = build_image_head(config).to(dtype)
+        saved = [_saved_bytes(head, config.hidden_size, rows, dtype) for rows in (4, 2)]
+        _CHANNEL_HEAD_BYTES[key] = (saved[0] - saved[1]) // 2
     return _CHANNEL_HEAD_BYTES[key]
 
 
@@ -225,8 +227,8 @@ def channel_head_bytes(config: LuminaConfig, policy: str, image_rows: int, a: in
 
 def embedding_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
     """The embeddings' saved tensors: ids, and the stacked code embeddings of the image input rows and of the
-    teacher-forcing codes (the projection's input, shared with the channel head's prefix)."""
-    coded = rows.image_inputs + rows.image
+    teacher-forcing codes when the image head reads them (the projection's input, shared with its prefix)."""
+    coded = rows.image_inputs + (rows.image if image_head_class(config).teacher_forced else 0)
     return seq_len * INT64 + coded * config.num_codebooks * (config.hidden_size * a + INT64)
 
 

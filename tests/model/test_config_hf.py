@@ -28,9 +28,16 @@ def test_to_hf_writes_every_released_key_unchanged_then_the_hard_coded_sizes() -
     raw = json.loads(OFFICIAL_JSON.read_text())
     out = LuminaConfig.from_hf(OFFICIAL_JSON).to_hf()
     assert {k: out[k] for k in raw} == raw  # values, auto_map included
-    assert {k: v for k, v in out.items() if k not in raw} == HARD_CODED
+    assert {k: v for k, v in out.items() if k not in raw} == {**HARD_CODED, "image_head": "channel_ar"}
     assert list(out)[:len(raw)] == list(raw)  # the released file's key order
     assert all(k not in out for k in ("attn_backend", "moe_backend", "check_finite", "extra"))
+
+
+def test_the_image_head_is_written_and_read_back_and_a_file_without_it_gets_the_official_one() -> None:
+    raw = json.loads(OFFICIAL_JSON.read_text())
+    assert "image_head" not in raw and LuminaConfig.from_hf(raw).image_head == "channel_ar"
+    out = LuminaConfig.official(image_head="parallel").to_hf()
+    assert out["image_head"] == "parallel" and LuminaConfig.from_hf(out).image_head == "parallel"
 
 
 def test_unknown_keys_and_a_custom_auto_map_survive_a_round_trip(tmp_path: Path) -> None:

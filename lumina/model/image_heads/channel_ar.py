@@ -1,4 +1,4 @@
-"""The multi-codebook channel head (`multi_codebook_head.*`): a small adaLN transformer that runs causally over
+"""The official image head `channel_ar`, the multi-codebook channel head (`multi_codebook_head.*`): a small adaLN transformer that runs causally over
 the C codebooks of one image row, so codebook c is predicted from the backbone state h and codes 0..c-1.
 
 Input positions: [cond, emb_0, ..., emb_{C-2}] + channel_embed, cond = condition_proj(h); the adaLN condition at
@@ -6,13 +6,12 @@ position j is cond + timesteps_embeddings[j]. Output position j feeds `lm_img_he
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lumina.model.config import LuminaConfig
+from lumina.model.image_heads import IMAGE_HEADS, ImageHead, ImageHeadMACs, SampleFn
 from lumina.model.layers import Linear, layer_norm
 
 
@@ -90,16 +89,19 @@ class ChannelFinal(nn.Module):
         return modulate(self.norm_final(x), shift, scale)
 
 
-# sample_fn(logits [N, K], codebook c) -> (tokens int64 [N], probabilities [N])
-SampleFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+@IMAGE_HEADS.register("channel_ar", official=True)
+class MultiCodebookHead(ImageHead):
+    """Channel-autoregressive: codebook c from h and the codes 0..c-1 (teacher-forced in training; `run` is
+    what activation checkpointing wraps)."""
 
+    module_name = "multi_codebook_head"
+    teacher_forced = True
+    buffer_dtypes = {"channel_mask": torch.bfloat16}
 
-class MultiCodebookHead(nn.Module):
     def __init__(self, config: LuminaConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         dim = config.hidden_size  # the head's width D equals H
         std = config.initializer_range
-        self.num_codebooks = config.num_codebooks
         self.std = std
         # own tensors first and initialised now: construction draws in `modules()` order, as `init_weights`
         # and a sharding strategy's unit-by-unit materialisation do
@@ -162,3 +164,34 @@ class MultiCodebookHead(nn.Module):
             if c + 1 < self.num_codebooks:
                 prefix = torch.cat([prefix, img_embeddings[c](tokens.long()).to(cond.dtype).unsqueeze(1)], dim=1)
         return torch.stack(codes, dim=1), torch.stack(probs, dim=1)
+
+    @classmethod
+    def state_shapes(cls, config: LuminaConfig) -> dict[str, tuple[int, ...]]:
+        d, n_cb = config.hidden_size, config.num_codebooks
+        shapes: dict[str, tuple[int, ...]] = {
+            "condition_proj.weight": (d, config.hidden_size), "condition_proj.bias": (d,),
+            "channel_embed": (1, n_cb, d), "timesteps_embeddings": (1, n_cb, d), "channel_mask": (n_cb, n_cb),
+        }
+        head_dim, mlp = d // config.channel_heads, config.channel_mlp_ratio * d
+        for b in range(config.channel_depth):
+            q = f"channel_blocks.{b}."
+            for name, out_in in (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
+                                 ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)),
+                                 ("mlp.fc1", (mlp, d)), ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d))):
+                shapes[f"{q}{name}.weight"] = out_in
+                shapes[f"{q}{name}.bias"] = (out_in[0],)
+        shapes["channel_norm.weight"] = (d,)
+        shapes["channel_norm.bias"] = (d,)
+        shapes["channel_final.adaLN_modulation.1.weight"] = (2 * d, d)
+        shapes["channel_final.adaLN_modulation.1.bias"] = (2 * d,)
+        return shapes
+
+    def macs_per_row(self) -> ImageHeadMACs:
+        """`condition_proj` once per row, every other linear layer on each of the C positions; each
+        `ChannelAttention` forms C x C scores and their weighted sum over its heads' width (computed dense)."""
+        positions, cond = self.num_codebooks, self.condition_proj
+        per_position = sum(m.in_features * m.out_features for m in self.modules()
+                           if isinstance(m, nn.Linear) and m is not cond)
+        attention = sum(2 * positions * positions * m.num_heads * m.head_dim
+                        for m in self.modules() if isinstance(m, ChannelAttention))
+        return ImageHeadMACs(cond.in_features * cond.out_features + positions * per_position, attention)
