@@ -8,10 +8,13 @@ official loader reads, refuses it, naming the field and the part.
 
 from __future__ import annotations
 
+from lumina.data.schedules import SCHEDULES
 from lumina.model.config import LuminaConfig
 from lumina.parts import Registry
 
-OFFICIAL_PART_FIELDS: tuple[tuple[str, Registry], ...] = ()
+OFFICIAL_PART_FIELDS: tuple[tuple[str, Registry], ...] = (
+    ("masking_schedule", SCHEDULES),
+)
 
 
 def unofficial_parts(config: LuminaConfig) -> list[str]:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lumina.data.schedules import DEFAULT_SCHEDULE, build_schedule
+
 ATTN_BACKENDS = ("auto", "sdpa_dense", "segmented", "flex", "flash_varlen")  # auto: resolved at model build
 MOE_BACKENDS = ("grouped_mm", "loop")
 # Activation checkpointing of the backbone (see `LuminaConfig.gradient_checkpointing`).
@@ -32,6 +34,9 @@ OFFICIAL_KEYS = (
 HARD_CODED_KEYS = (
     "image_vocab_size", "codebook_size", "channel_depth", "channel_heads", "channel_mlp_ratio",
 )
+# lumina's research parts the official file has no key for; written to config.json (the official loader ignores
+# them) so lumina's reader rebuilds the model and `lumina-generate` samples as it was trained.
+PART_KEYS = ("masking_schedule",)
 # lumina-only runtime choices; never written to config.json.
 TRAINING_KEYS = ("attn_backend", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
                  "loss_chunk_rows", "router_init")
@@ -136,6 +141,8 @@ class LuminaConfig:
     check_finite: bool = False
     loss_chunk_rows: int = 0  # rows per chunk of the fused head losses; 0 = rows whose fp32 logits fit 256 MiB
     router_init: str = "kaiming_uniform"  # kaiming_uniform | normal (N(0, initializer_range))
+    # --- lumina research parts (PART_KEYS) ---
+    masking_schedule: str = DEFAULT_SCHEDULE  # a `lumina.data.schedules` part: training noise, ELBO weight, samplers
     # keys of a config.json lumina does not know; kept and written back by to_hf
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -212,6 +219,7 @@ class LuminaConfig:
         self.gradient_checkpointing = checkpoint_policy(self.gradient_checkpointing)
         if self.router_init not in ROUTER_INITS:
             bad("router_init", f"must be one of {ROUTER_INITS}")
+        build_schedule(self.masking_schedule)
         if self.moe_backend not in MOE_BACKENDS:
             bad("moe_backend", f"must be one of {MOE_BACKENDS}")
         if self.model_type not in ("llada2_moe", "llada2_moe_veomni"):
@@ -256,9 +264,10 @@ class LuminaConfig:
         return cls(**kwargs)
 
     def to_hf(self, **changes: Any) -> dict[str, Any]:
-        """The config.json dict: official keys in official order, then the hard-coded sizes, then unknown keys."""
+        """The config.json dict: official keys in official order, the hard-coded sizes, lumina's parts, then
+        unknown keys."""
         out = {k: getattr(self, k) for k in OFFICIAL_KEYS}
-        out.update({k: getattr(self, k) for k in HARD_CODED_KEYS})
+        out.update({k: getattr(self, k) for k in HARD_CODED_KEYS + PART_KEYS})
         out.update(self.extra)
         out.update(changes)
         return json.loads(json.dumps(out))  # deep copy of plain JSON types
