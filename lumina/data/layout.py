@@ -7,11 +7,12 @@ Layout of a sample with exchanges (prompt_k, answer_k), k = 0..K-1:
 - prompt_k (turn 2k): `<system>..</system>` (k = 0 only, when the sample has a system turn) +
   `<user>..</user>`, clean, block -1 (see `layout_pieces.layout_prompt`).
 - text answer_k (turn 2k+1): BOA + answer tokens + EOA; the answer rows are a noisy copy (each token replaced
-  by the text mask id with probability t), labels = original ids at masked rows. Its "answer memory" repeats
+  by the text mask id with the masking schedule's probability p(t); p(t) = t for the official one), labels = original ids at masked rows. Its "answer memory" repeats
   the answer rows (no BOA) clean, with the same turn/type/block/position ids and labels -100, so noisy block
   b sees the clean blocks < b of its own answer (rule R3) and later turns see the whole answer clean.
-- image answer_k (must be the last turn): BOA BOI grid EOI EOA, noisy, block 0; an exact cosine-schedule
-  count of cells is masked (all C columns -> image mask id), labels = their C codes. No memory.
+- image answer_k (must be the last turn): BOA BOI grid EOI EOA, noisy, block 0; an exact count of cells
+  (the masking schedule's, `lumina.data.noise.image_mask_count`) is masked (all C columns -> image mask id),
+  labels = their C codes. No memory.
 - Positions run 0.. over prompts and answers; memory rows reuse their noisy copy's positions.
 - Prompts follow the official template (`layout_pieces.user_content`): placeholders in user text expanded where
   they stand, media before the text on lines of their own ("\n" after each media line).
@@ -175,7 +176,7 @@ def _assemble(sid: str, exchanges: list[Exchange], tokens: SpecialTokens, cfg: N
             answer = layout_image_answer(grid, tokens, turn=2 * k + 1, start_position=position,
                                          codes=ex.answer_image.codes, sample_id=sid)
             rows = image_answer_cell_rows(grid)
-            masked = image_answer_noise(len(rows), gen, fixed_t)
+            masked = image_answer_noise(len(rows), cfg, gen, fixed_t)
             fraction = torch.full((len(rows),), masked.sum().item() / len(rows), dtype=torch.float32)
             _noise_rows(answer, rows, masked, fraction, tokens.image_mask)
         pieces.append(answer)

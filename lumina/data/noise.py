@@ -1,4 +1,5 @@
-"""Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout.
+"""Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout. How much is
+masked at a noise level is the masking schedule's (`NoiseConfig.schedule`, a `lumina.data.schedules` part).
 
 Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream), so a
 sample's noisy version is the same in every process and on every resume. The CFG-dropout coins, which the
@@ -13,12 +14,15 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import numba
 import numpy as np
 import pyarrow as pa
 import torch
+
+from lumina.data.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,10 @@ class NoiseConfig:
     t_per: Literal["block", "sample"] = "block"
     uncond_text_prob: float = 0.1
     uncond_image_prob: float = 0.1
+    schedule: str = DEFAULT_SCHEDULE
 
     def __post_init__(self) -> None:
+        self.masking  # noqa: B018 - a bad schedule name fails here, naming the field
         if self.block_length <= 0:
             raise ValueError(f"NoiseConfig.block_length={self.block_length}: must be positive")
         if not 0.0 <= self.t_min <= self.t_max <= 1.0:
@@ -46,6 +52,11 @@ class NoiseConfig:
         for name in ("uncond_text_prob", "uncond_image_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"NoiseConfig.{name}={getattr(self, name)}: must lie in [0, 1]")
+
+    @cached_property
+    def masking(self) -> MaskingSchedule:
+        """The `schedule` part."""
+        return build_schedule(self.schedule, "NoiseConfig.schedule")
 
 
 def stable_seed(*parts: object) -> int:
@@ -156,7 +167,7 @@ def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator
                       fixed_t: float | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Mask decisions for the text answers of one sample (answer tokens incl. EOA, in turn order).
 
-    Returns per answer (masked [n] bool, t [n] float32). Each token is masked with probability t; t is
+    Returns per answer (masked [n] bool, t [n] float32). Each token is masked with the schedule's p(t); t is
     U[t_min, t_max] per block or per sample (`fixed_t` overrides it). A unit with no masked token gets one,
     chosen uniformly: every block (t_per="block") or every answer (t_per="sample") is supervised.
     """
@@ -179,19 +190,21 @@ def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator
                          else _uniform_t(num_blocks, cfg, gen))
             t = per_block[block_of]
             unit_of, num_units = block_of, num_blocks
-        masked = torch.rand(n, generator=gen) < t
+        masked = torch.rand(n, generator=gen) < cfg.masking.text_mask_prob(t)
         out.append((_at_least_one_per_unit(masked, unit_of, num_units, gen), t))
     return out
 
 
-def image_mask_count(num_cells: int, gen: torch.Generator, fixed_ratio: float | None = None) -> int:
-    """How many of `num_cells` grid cells to mask: ceil(cos(pi/2 * s) * N), s ~ U[0, 1) (the inference
-    schedule's masked fraction at progress s), clamped to [1, N]. `fixed_ratio` replaces the cosine draw."""
+def image_mask_count(num_cells: int, cfg: NoiseConfig, gen: torch.Generator,
+                     fixed_ratio: float | None = None) -> int:
+    """How many of `num_cells` grid cells to mask: ceil(gamma(r) * N), r ~ U[0, 1) and gamma the schedule's
+    image masking ratio (the sampler's masked fraction at progress r), clamped to [1, N]. `fixed_ratio`
+    replaces the draw."""
     if num_cells <= 0:
         raise ValueError(f"num_cells={num_cells}: must be positive")
     if fixed_ratio is None:
         s = torch.rand(1, generator=gen, dtype=torch.float64).item()
-        ratio = math.cos(math.pi / 2 * s)
+        ratio = cfg.masking.image_mask_ratio(s)
     elif 0.0 <= fixed_ratio <= 1.0:
         ratio = fixed_ratio
     else:
@@ -199,10 +212,10 @@ def image_mask_count(num_cells: int, gen: torch.Generator, fixed_ratio: float | 
     return min(num_cells, max(1, math.ceil(ratio * num_cells)))
 
 
-def image_answer_noise(num_cells: int, gen: torch.Generator,
+def image_answer_noise(num_cells: int, cfg: NoiseConfig, gen: torch.Generator,
                        fixed_ratio: float | None = None) -> torch.Tensor:
     """[num_cells] bool: exactly `image_mask_count` cells masked, chosen uniformly without replacement."""
-    count = image_mask_count(num_cells, gen, fixed_ratio)
+    count = image_mask_count(num_cells, cfg, gen, fixed_ratio)
     masked = torch.zeros(num_cells, dtype=torch.bool)
     masked[torch.randperm(num_cells, generator=gen)[:count]] = True
     return masked

@@ -12,7 +12,7 @@ class TextSamplingConfig:
     """Block-diffusion text decoding (contract 6.2).
 
     gen_length: answer budget in tokens (the last block is shortened to end at it); block_length: tokens per
-    block; steps: denoising steps per block (linear schedule; more steps than a block's tokens are allowed,
+    block; steps: denoising steps per block (the model's masking schedule; more steps than a block's tokens are allowed,
     the extra ones commit nothing, as in the official sampler); temperature 0 = argmax; top_k / top_p filters;
     threshold: commit every masked slot whose confidence exceeds it when at least the scheduled number do
     (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward.
@@ -48,7 +48,7 @@ class TextSamplingConfig:
 
 @dataclass(frozen=True)
 class ImageSamplingConfig:
-    """Masked image generation with the cosine keep schedule (contract 6.3).
+    """Masked image generation with the model's masking schedule's keep counts (contract 6.3).
 
     steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
     cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then

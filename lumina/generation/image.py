@@ -5,9 +5,9 @@ steps: one backbone forward over every prompt's guidance branches (one pack), gu
 of the still-masked cells (or, with `guidance="logits"`, on each codebook's logits, every branch's channel
 head fed the same sampled codes), the C codebooks of every masked cell sampled in order through the channel
 head, the new codes written into every branch, confidence = mean of the C probabilities (in the model's dtype),
-and the cells scoring below the keep_k-th lowest log(confidence) + temperature * Gumbel masked again (cosine
-schedule, 0 at the last step; at most all but one of the cells sampled in a step, so every step commits at
-least one). Sampling stops early once no cell is left masked. At temperature 0 this is the official
+and the cells scoring below the keep_k-th lowest log(confidence) + temperature * Gumbel masked again (keep_k:
+the model's masking schedule's `image_keep`, cosine for the official one, 0 at the last step; at most all but
+one of the cells sampled in a step, so every step commits at least one). Sampling stops early once no cell is left masked. At temperature 0 this is the official
 `generate_image_ar` rule for rule; above 0 the random streams differ from the official ones.
 """
 
@@ -25,7 +25,7 @@ from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.guidance import guide_dual, guide_single
-from lumina.generation.sampling import cosine_keep, gumbel, remask_lowest, sample_tokens
+from lumina.generation.sampling import gumbel, model_schedule, remask_lowest, sample_tokens
 from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 from lumina.model.image_heads import SampleFn
@@ -101,6 +101,7 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
     codes = [torch.full((n, tokens.num_codebooks), tokens.image_mask, dtype=torch.long, device=device)
              for n in num_cells]
     tau = config.temperature
+    schedule = model_schedule(model)
 
     def sample_fn(logits: torch.Tensor, codebook: int) -> tuple[torch.Tensor, torch.Tensor]:
         counts = [int(m.sum()) for m in masked]
@@ -127,7 +128,7 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
             score = torch.log(confidence[start:start + k].clamp_min(1e-20))
             if tau > 0:
                 score = score + tau * gumbel((k,), generators[i], device).to(score.dtype)
-            remask = where[remask_lowest(score, cosine_keep(n, step, config.steps))]
+            remask = where[remask_lowest(score, schedule.image_keep(n, step, config.steps))]
             codes[i][remask] = tokens.image_mask
             masked[i] = torch.zeros_like(masked[i])
             masked[i][remask] = True

@@ -34,6 +34,7 @@ from lumina.data.storage import ParquetSampleDataset
 from lumina.generation.assets import GenerationAssets
 from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
+from lumina.generation.sampling import model_schedule
 from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective
@@ -103,8 +104,10 @@ def _decode(assets: GenerationAssets, ids: list[int]) -> str:
 def held_out_loss(model: nn.Module, dataset: ParquetSampleDataset, indices: list[int], config: OwnEvalConfig
                   ) -> float:
     """`HeldOutLoss` of the samples `indices`, each laid out by `layout_eval` (module docstring)."""
-    source = LayoutSource(dataset, NoiseConfig(), config.noise_seed, eval_t=config.noise_t)
-    objective = LuminaObjective().eval()
+    schedule = model_schedule(model)
+    source = LayoutSource(dataset, NoiseConfig(schedule=model.config.masking_schedule), config.noise_seed,
+                          eval_t=config.noise_t)
+    objective = LuminaObjective(schedule=schedule).eval()
     device = next(model.parameters()).device
     held_out = HeldOutLoss(dataset.tokens.num_codebooks)
     with torch.no_grad():

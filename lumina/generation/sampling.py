@@ -6,9 +6,10 @@ Gumbel noise g = -log(-log u), u ~ U(0, 1), drawn in fp64 on the logits' device.
 
 from __future__ import annotations
 
-import math
-
 import torch
+from torch import nn
+
+from lumina.data.schedules import MaskingSchedule, build_schedule
 
 
 def gumbel(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -57,23 +58,10 @@ def sample_tokens(logits: torch.Tensor, temperature: float, generators: list[tor
     return tokens, confidence
 
 
-def linear_schedule(num_masked: int, steps: int) -> list[int]:
-    """Tokens committed at each of `steps` steps: floor(num_masked / steps), remainder to the first steps."""
-    if steps <= 0:
-        raise ValueError(f"steps={steps}: must be positive")
-    base, extra = divmod(num_masked, steps)
-    return [base + (1 if i < extra else 0) for i in range(steps)]
-
-
-def cosine_keep(num_cells: int, step: int, steps: int) -> int:
-    """Cells to keep masked after step `step` of `steps` (0-based): max(1, floor(N0 cos(pi/2 (k+1)/T))), 0 at
-    the last step; evaluated in fp32 like the official schedule (an fp64 cos can floor differently)."""
-    if steps <= 0:
-        raise ValueError(f"steps={steps}: must be positive")
-    if step >= steps - 1:
-        return 0
-    fraction = torch.cos(0.5 * math.pi * torch.tensor([(step + 1) / steps], dtype=torch.float32))
-    return max(1, int(torch.floor(torch.tensor([float(num_cells)]) * fraction).item()))
+def model_schedule(model: nn.Module) -> MaskingSchedule:
+    """The masking schedule `model` was trained with (its config's `masking_schedule`): the samplers' commit
+    and keep counts."""
+    return build_schedule(model.config.masking_schedule)
 
 
 def remask_lowest(score: torch.Tensor, keep: int) -> torch.Tensor:

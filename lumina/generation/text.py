@@ -3,9 +3,10 @@
 Per prompt: the answer grows one block of `block_length` tokens at a time, the last block shortened so the
 answer holds exactly `gen_length` slots. A block starts as text-mask ids; each of its `steps` steps runs the
 backbone on the whole sequence, reads text logits at the block's masked rows, samples a candidate and its
-confidence (fp64) per row, and commits the scheduled number of highest-confidence rows (linear schedule; steps
-beyond the block's length commit nothing and are skipped, as they change nothing in the official sampler; with
-`threshold`, every row above it when enough are). A finished block becomes clean context for the next. A
+confidence (fp64) per row, and commits the scheduled number of highest-confidence rows (the model's masking
+schedule's `text_commits`, linear for the official one; steps beyond the block's length commit nothing and
+are skipped, as they change nothing in the official sampler; with `threshold`, every row above it when enough
+are). A finished block becomes clean context for the next. A
 prompt stops after the first block that holds EOA; its answer is cut before EOA.
 Prompts are packed (one segment each) up to `batch_size` per forward.
 """
@@ -23,7 +24,7 @@ from lumina.data.schema import Text
 from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import TextSamplingConfig
-from lumina.generation.sampling import linear_schedule, sample_tokens
+from lumina.generation.sampling import model_schedule, sample_tokens
 from lumina.generation.sequences import Prompt, prompt_piece, text_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 
@@ -109,7 +110,7 @@ def _decode_block(model: nn.Module, states: list[_State], block_index: int, leng
         offset += len(seq)
     batch = _pack(sequences, tokens).to(device)
     rows = torch.stack(block_rows).to(device)  # [P, length] flat rows of each current block
-    schedule = linear_schedule(length, config.steps)
+    schedule = model_schedule(model).text_commits(length, config.steps)
     for step in range(config.steps):
         if schedule[step] == 0 and config.threshold is None:
             continue  # commits nothing (steps > length); the same on every rank
@@ -174,7 +175,7 @@ def _dummy_step(model: nn.Module, tokens: SpecialTokens, device: torch.device) -
 
 def _dummy_block(model: nn.Module, length: int, tokens: SpecialTokens, config: TextSamplingConfig,
                  device: torch.device) -> None:
-    for count in linear_schedule(length, config.steps):
+    for count in model_schedule(model).text_commits(length, config.steps):
         if count == 0 and config.threshold is None:
             continue
         if config.threshold is not None and not any_rank(False, device):

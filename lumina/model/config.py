@@ -11,6 +11,7 @@ from typing import Any
 
 from lumina.attention import check_backend_name
 from lumina.attention.rules import check_rule_name
+from lumina.data.schedules import DEFAULT_SCHEDULE, build_schedule
 
 MOE_BACKENDS = ("grouped_mm", "loop")
 # Activation checkpointing of the backbone (see `LuminaConfig.gradient_checkpointing`).
@@ -36,7 +37,7 @@ HARD_CODED_KEYS = (
 )
 # Research parts chosen by name (lumina.parts); written to config.json so lumina's reader rebuilds the same model
 # (a config.json without them gets the official parts, the defaults).
-PART_KEYS = ("image_head",)
+PART_KEYS = ("image_head", "masking_schedule")
 # lumina-only runtime choices; never written to config.json.
 TRAINING_KEYS = ("attn_backend", "attn_rule", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
                  "loss_chunk_rows", "router_init")
@@ -133,8 +134,9 @@ class LuminaConfig:
     channel_depth: int = 6
     channel_heads: int = 8
     channel_mlp_ratio: int = 4
-    # --- research parts (names in their registries) ---
+    # --- lumina research parts (PART_KEYS; names in their registries) ---
     image_head: str = "channel_ar"  # lumina.model.image_heads: channel_ar (official) | parallel | a dotted path
+    masking_schedule: str = DEFAULT_SCHEDULE  # a `lumina.data.schedules` part: training noise, ELBO weight, samplers
     # --- lumina training knobs ---
     attn_backend: str = "auto"  # a lumina.attention.BACKENDS name or dotted path; auto: resolved at model build
     attn_rule: str = "auto"  # a lumina.attention.RULES name or dotted path; auto: the official choice per pack
@@ -222,6 +224,7 @@ class LuminaConfig:
         self.gradient_checkpointing = checkpoint_policy(self.gradient_checkpointing)
         if self.router_init not in ROUTER_INITS:
             bad("router_init", f"must be one of {ROUTER_INITS}")
+        build_schedule(self.masking_schedule)
         if self.moe_backend not in MOE_BACKENDS:
             bad("moe_backend", f"must be one of {MOE_BACKENDS}")
         if self.model_type not in ("llada2_moe", "llada2_moe_veomni"):
@@ -266,7 +269,8 @@ class LuminaConfig:
         return cls(**kwargs)
 
     def to_hf(self, **changes: Any) -> dict[str, Any]:
-        """The config.json dict: official keys in official order, then the hard-coded sizes, then unknown keys."""
+        """The config.json dict: official keys in official order, the hard-coded sizes, lumina's parts, then
+        unknown keys."""
         out = {k: getattr(self, k) for k in OFFICIAL_KEYS}
         out.update({k: getattr(self, k) for k in HARD_CODED_KEYS + PART_KEYS})
         out.update(self.extra)

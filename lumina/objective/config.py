@@ -56,8 +56,9 @@ class BalanceConfig:
 class ObjectiveConfig:
     """L = text_weight * sum(w(t) CE_text) / N_txt + image_weight * sum_cells(mean_c CE_c) / N_img + balance.
 
-    text_weighting: "none" (w = 1, N_txt = supervised text tokens) or "inverse_t" (w = 1/t with t the
-                    row's noise level, N_txt = text answer tokens, masked or not).
+    text_weighting: "none" (w = 1, N_txt = supervised text tokens) or "inverse_t" (w(t) the masking schedule's
+                    ELBO weight at the row's noise time t, 1/t for the official schedule; N_txt = text answer
+                    tokens, masked or not).
     validate:       check labels against the output's rows and the row types (one host sync per call).
     """
 

@@ -21,6 +21,7 @@ from torch import nn
 from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import TokenType
+from lumina.data.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
 from lumina.model.heads import LuminaHeads
 from lumina.model.routers import MoERouter
 from lumina.objective.balance import ProbsFn, balance_loss, expert_load, softmax_probs
@@ -50,12 +51,15 @@ class LuminaObjective(nn.Module):
     sequence_group: the ranks sharing this rank's pack under sequence parallelism (None = none): the
                     balance loss's statistics are per pack. Token counts, expert loads and accuracies need no
                     such care: the ranks of a group hold disjoint rows, so sums over `group` count each once.
+    schedule:       the masking schedule the batches were noised with (None = the official one); "inverse_t"
+                    weighting weighs each text row by its ELBO weight w(t) (1/t for the official schedule).
     """
 
     def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None,
-                 sequence_group: dist.ProcessGroup | None = None) -> None:
+                 sequence_group: dist.ProcessGroup | None = None, schedule: MaskingSchedule | None = None) -> None:
         super().__init__()
         self.config = config or ObjectiveConfig()
+        self.schedule = schedule or build_schedule(DEFAULT_SCHEDULE)
         self.bias_updater = ExpertBiasUpdater(self.config.balance.bias_rate, group)
         self.group = group
         self.sequence_group = sequence_group
@@ -97,10 +101,10 @@ class LuminaObjective(nn.Module):
         text_scale = (world / num_text_global.clamp(min=1).double()).float()
         image_scale = (world / num_image_global.clamp(min=1).double()).float()
 
-        # per-row weights of the fused head losses: the 1/t weighting and the global-token normalisation
+        # per-row weights of the fused head losses: the schedule's ELBO weight and the global-token normalisation
         text_weight = text_scale.expand(text_rows.numel())
         if inverse_t:
-            text_weight = text_weight / batch.noise_t.reshape(-1)[text_rows].float()
+            text_weight = self.schedule.scale_text_loss(text_weight, batch.noise_t.reshape(-1)[text_rows].float())
         num_codebooks = targets.image.shape[1]
         heads = output.heads
         text = heads.text_loss(output.text_states, targets.text, text_weight)  # sum(w(t) CE) / N_txt * world

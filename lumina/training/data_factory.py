@@ -41,7 +41,11 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
     if len(set(names)) != len(names):
         raise ConfigError(f"data.sources names {names}: must be unique")
     expected = expected_tokens(tokenizer, config, model) if tokenizer is not None else None
-    noise = NoiseConfig(**config.noise)
+    if "schedule" in config.noise:
+        raise ConfigError(f"data.noise.schedule={config.noise['schedule']!r}: the masking schedule is the model's "
+                          "(model.config.masking_schedule, or `schedule=NAME`), so lumina-generate samples as it "
+                          "was trained")
+    noise = NoiseConfig(**config.noise, schedule=model.masking_schedule)
     trains, vals = {}, {}
     assets: DatasetAssets | None = None
     for i, spec in enumerate(config.sources):

@@ -20,6 +20,7 @@ import torch
 
 from lumina.checkpoint.model_factory import build_model
 from lumina.data.batch import PackedBatch
+from lumina.data.schedules import DEFAULT_SCHEDULE, build_schedule
 from lumina.model import LuminaModel
 from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
@@ -49,7 +50,8 @@ class LuminaModule(L.LightningModule):
         self.freeze_globs = list(freeze)
         self.meta_init = meta_init
         self.compile = compile
-        self.objective = LuminaObjective(objective or ObjectiveConfig())
+        self.objective = LuminaObjective(objective or ObjectiveConfig(),
+                                         schedule=build_schedule(model_config.masking_schedule))
         self.save_hyperparameters({
             "model": _plain(model_config), "objective": _plain(self.objective.config),
             "optim": _plain(self.optim_config), "init_from": init_from, "freeze": self.freeze_globs,
@@ -230,6 +232,11 @@ class LuminaModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_rng = checkpoint.get("lumina_rng")
+        # the data noise and the loss weight must go on with the schedule the run started with
+        trained = checkpoint.get("hyper_parameters", {}).get("model", {}).get("masking_schedule", DEFAULT_SCHEDULE)
+        if trained != self.model_config.masking_schedule:
+            raise ValueError(f"model.config.masking_schedule={self.model_config.masking_schedule!r}: the checkpoint "
+                             f"was trained with {trained!r}; resume with schedule={trained}")
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

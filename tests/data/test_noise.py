@@ -94,13 +94,13 @@ def test_fixed_t_one_masks_everything_and_bad_t_raises():
 @pytest.mark.parametrize("n, ratio, expected", [(10, 0.25, 3), (10, 0.0, 1), (10, 1.0, 10), (7, 0.5, 4),
                                                 (1, 0.01, 1)])
 def test_image_mask_count_fixed_ratio(n, ratio, expected):
-    assert image_mask_count(n, gen(), fixed_ratio=ratio) == expected  # ceil(ratio * n) clamped to [1, n]
+    assert image_mask_count(n, NoiseConfig(), gen(), fixed_ratio=ratio) == expected  # ceil(ratio * n) clamped to [1, n]
 
 
 def test_image_mask_count_follows_the_cosine_schedule():
     n, draws = 1000, 3000
     g = gen(4)
-    fractions = torch.tensor([image_mask_count(n, g) / n for _ in range(draws)])
+    fractions = torch.tensor([image_mask_count(n, NoiseConfig(), g) / n for _ in range(draws)])
     # ratio = cos(pi/2 s), s ~ U[0,1): E = 2/pi, Var = 1/2 - 4/pi^2 (sd 0.308); ceil adds < 1/n
     sd_of_mean = math.sqrt(0.5 - 4 / math.pi**2) / math.sqrt(draws)
     assert abs(fractions.mean().item() - 2 / math.pi) < 5 * sd_of_mean + 1 / n
@@ -111,7 +111,7 @@ def test_image_mask_count_follows_the_cosine_schedule():
 
 
 def test_image_answer_noise_masks_exactly_the_count():
-    m = image_answer_noise(12, gen(5), fixed_ratio=0.4)
+    m = image_answer_noise(12, NoiseConfig(), gen(5), fixed_ratio=0.4)
     assert m.dtype == torch.bool and m.shape == (12,) and int(m.sum()) == 5  # ceil(4.8)
 
 

@@ -10,7 +10,7 @@ from lumina.data.layout import layout_eval
 from lumina.data.noise import NoiseConfig
 from lumina.data.schema import Media, Sample, Text, Turn
 from lumina.generation import Prompt, TextSamplingConfig, generate_text
-from lumina.generation.sampling import filter_top_k_top_p, linear_schedule
+from lumina.generation.sampling import filter_top_k_top_p
 
 
 def _favour_token(model, token: int, margin: float = 30.0) -> None:
@@ -48,7 +48,6 @@ def test_commits_per_step_follow_the_linear_schedule(tiny_model, tokens):
     generate_text(tiny_model, [Prompt([Text([20])], key=0)], tokens, config)
     masked_before = [int((b.input_ids[0, -7:, 0] == tokens.text_mask).sum()) for b in seen]
     assert masked_before == [7, 7 - 3, 7 - 3 - 2]  # 7 tokens over 3 steps: 3, 2, 2
-    assert linear_schedule(7, 3) == [3, 2, 2]
 
 
 def test_first_step_sequence_is_the_training_layout_fully_masked_without_memory(tiny_model, tokens):
