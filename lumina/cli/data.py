@@ -210,8 +210,8 @@ def cmd_fit_tokenizer(args: argparse.Namespace) -> int:
 
 
 def cmd_world(args: argparse.Namespace) -> int:
-    from lumina.data.tokenizers.image_rvq import RVQSettings
     from lumina.data.outputs import check_output, staged_output
+    from lumina.data.tokenizers.image_rvq import RVQSettings
     from lumina.data.world.dataset import build_world, round_trip_report
 
     rvq = RVQSettings(patch_size=args.patch_size, codebook_size=args.codebook_size,
