@@ -39,20 +39,20 @@ def check_output(out: str | Path, overwrite: bool, inputs: Iterable[str | Path] 
     interrupted runs are removed when `overwrite`."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} is an existing file; name a directory")
+        raise OutputError(f"output {out} is an existing file; name a directory")
     resolved = out.resolve()
     for item in inputs:
         if isinstance(item, str) and "://" in item:
             continue
         path = Path(item).resolve()
         if path == resolved or resolved in path.parents:
-            raise OutputError(f"--out {out} holds the input {item}; write the output elsewhere")
+            raise OutputError(f"output {out} holds the input {item}; write the output elsewhere")
     for left in leftovers(out):
         if not overwrite:
             raise OutputError(f"{left} is left from an interrupted run writing {out}; pass --overwrite to remove it")
         shutil.rmtree(left)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputError(f"--out {out} is not empty (it holds {_listing(out)}); pass --overwrite to replace it, "
+        raise OutputError(f"output {out} is not empty (it holds {_listing(out)}); pass --overwrite to replace it, "
                           "or name a new directory")
     return out
 
