@@ -42,7 +42,7 @@ def check_output(out: str | Path, overwrite: bool, inputs: Iterable[str | Path] 
         raise OutputError(f"output {out} is an existing file; name a directory")
     resolved = out.resolve()
     for item in inputs:
-        if isinstance(item, str) and "://" in item:
+        if (isinstance(item, str) and "://" in item) or not Path(item).exists():  # a URL, or a name (builtin)
             continue
         path = Path(item).resolve()
         if path == resolved or resolved in path.parents:
