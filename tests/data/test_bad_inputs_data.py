@@ -55,8 +55,8 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
-def token_file(path: Path, h: int = 2, w: int = 2, top: int = 4096) -> None:
-    codes = (torch.arange(h * w * 8).reshape(h * w, 8) * 997) % top  # reaches near `top`
+def token_file(path: Path, h: int = 2, w: int = 2, top: int = 4096, columns: int = 8) -> None:
+    codes = (torch.arange(h * w * columns).reshape(h * w, columns) * 997) % top  # reaches near `top`
     coords = torch.tensor([[0, 0, r, c] for r in range(h) for c in range(w)], dtype=torch.int32)
     torch.save({"indices": codes, "coords": coords}, path)
 
@@ -143,7 +143,7 @@ CASES = [
          ("{in}/vq", "not empty")),
     Case("fit-tokenizer-out-is-a-file", _args("fit-tokenizer", "{in}/pics", "--out", "{in}/m.jsonl"),
          ("m.jsonl", "existing file")),
-    Case("tokenize-over-a-token-file", _then(lambda s, w: (s / "t").mkdir() or token_file(s / "t" / "002.pkl"),
+    Case("tokenize-over-a-token-file", _then(lambda s, w: (s / "t").mkdir() or token_file(s / "t" / "002.pkl", top=8, columns=2),
                                              "tokenize-images", "{in}/pics", "--out", "{in}/t", "--image-tokenizer",
                                              "{in}/vq"), ("{in}/t/002.pkl", "--resume")),
     Case("tokenize-resume-over-a-corrupt-file", _then(
