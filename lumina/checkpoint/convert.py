@@ -18,7 +18,8 @@ from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_shape
 from lumina.checkpoint.layout import Source, Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint
 from lumina.checkpoint.save import copy_assets, dtype_name, resolve_dtype
-from lumina.checkpoint.writer import export_plan, parse_size, prepare_directory, write_shards
+from lumina.checkpoint.writer import export_plan, parse_size, write_shards
+from lumina.data.outputs import check_output, staged_output
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split",
@@ -26,19 +27,27 @@ def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split
                        overwrite: bool = False) -> Path:
     """Rewrite checkpoint `src` (split, fused or mixed) as `layout` in `dst`, validating every key and shape
     against src's config.json first. dtype None keeps every tensor bit-exact. config.json (with the layout's
-    model_type), tokenizer files and `*.py` are carried over."""
+    model_type), tokenizer files and `*.py` are carried over. `dst` is written as `lumina.data.outputs` writes
+    an output: a non-empty one is refused unless `overwrite`, and it appears only once complete."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     out_dtype, shard_bytes = resolve_dtype(dtype), parse_size(max_shard_size)  # bad arguments fail before writing
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.resolve() == src.resolve():
         raise ValueError(f"dst={str(dst)!r} is the source directory; convert into a new directory")
+    check_output(dst, overwrite, [src])
     checkpoint = HFCheckpoint(src)
     config = checkpoint.config()
     expected = official_shapes(config, "fused")
     sources = match_checkpoint(checkpoint.tensors, expected, where=str(src))
     entries = [(key, shape, _source_dtype(sources[key])) for key, shape in expected.items()]
-    directory = prepare_directory(dst, overwrite)
+    with staged_output(dst, overwrite, [src]) as directory:
+        _write(directory, src, config, sources, expected, entries, layout, out_dtype, shard_bytes)
+    return dst
+
+
+def _write(directory: Path, src: Path, config, sources: dict, expected: dict, entries: list, layout: str,
+           out_dtype: torch.dtype | None, shard_bytes: int) -> None:
     files = _OpenFiles()
     try:
         def fetch(key: str, expert: int | None) -> torch.Tensor:
@@ -61,7 +70,6 @@ def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split
         changes["torch_dtype"] = dtype_name(out_dtype)
     config.save_hf(directory, **changes)
     copy_assets(src, directory)
-    return directory
 
 
 class _OpenFiles:

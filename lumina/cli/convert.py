@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("keep", "bf16", "fp16", "fp32"), default="keep",
                         help="keep every tensor's dtype (default), or cast parameters (buffers keep official dtypes)")
     parser.add_argument("--max-shard-size", default="5GB", help="largest shard, e.g. 5GB, 500MB, 2GiB (default 5GB)")
-    parser.add_argument("--overwrite", action="store_true", help="replace weights already in DST")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DST (refused without it)")
     return parser
 
 

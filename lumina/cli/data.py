@@ -26,8 +26,11 @@ atoken` drives the official AToken (options --atoken-config / --atoken-model / -
 $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; --device, default CUDA). `fit-tokenizer` fits the built-in
 residual-VQ tokenizer on image files and reports its held-out PSNR; `world` writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
 row counts, settings, recorded tokenizers and length statistics. Manifests and their parts may be URLs
-(`s3://bucket/prefix/train.jsonl`; `lumina.data.fs`). Bad input ends the process with one line on stderr and
-exit status 2; a store still failing after its retries, with one line naming the URL and status 1.
+(`s3://bucket/prefix/train.jsonl`; `lumina.data.fs`). `build`, `world` and `fit-tokenizer` refuse a non-empty
+--out unless --overwrite and write it whole or not at all (`lumina.data.outputs`); `tokenize-images` refuses an
+existing <stem>.pkl unless --resume, which keeps the valid ones. Bad input ends the process with one line
+`lumina-data: error: ...` on stderr and exit status 2; a store still failing after its retries, with one line
+naming the URL and status 1.
 """
 
 from __future__ import annotations
@@ -86,18 +89,33 @@ def _progress(enabled: bool) -> Callable[[int], None] | None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from lumina.data.outputs import check_output, staged_output
+
+    if bool(args.manifests) == bool(args.imagefolder):
+        raise ValueError("give manifests or --imagefolder DIR (one of the two)")
+    if args.imagefolder and not args.image_tokenizer:
+        raise ValueError("--imagefolder needs --image-tokenizer builtin|atoken|DIR (a directory from fit-tokenizer)")
+    inputs = [*args.manifests, *filter(None, (args.imagefolder, args.tokenizer, args.image_tokenizer))]
+    check_output(args.out, args.overwrite, inputs)  # before any slow work
+    with staged_output(args.out, args.overwrite, inputs) as stage:
+        reports = _build_into(args, stage)
+    for split, report in reports.items():
+        for s in report.skipped:
+            print(f"skipped {s.manifest}:{s.line}: {s.reason}", file=sys.stderr)
+        unused = ", ".join(f"{k} ({n} lines)" for k, n in sorted(report.ignored_keys.items()))
+        print(f"wrote {report.rows_written} rows to {len(report.shards)} shards in {Path(args.out) / split}; "
+              f"skipped {report.rows_skipped} rows" + (f"; metadata keys not used: {unused}" if unused else ""))
+    return 0
+
+
+def _build_into(args: argparse.Namespace, out: Path) -> dict:
     from lumina.data.assets import TEXT_FILE, save_assets
     from lumina.data.build import build_rows, build_shards
     from lumina.data.imagefolder import caption_words, folder_splits
     from lumina.data.ingest import PixelEncoder
-    from lumina.data.tokenizers.text import HFTokenizer, WordTokenizer
+    from lumina.data.tokenizers.text import HFTokenizer, WordTokenizer, check_special_ids
 
-    if bool(args.manifests) == bool(args.imagefolder):
-        raise ValueError("give manifests or --imagefolder DIR (one of the two)")
     visual = _visual(args) if args.image_tokenizer else None
-    if args.imagefolder and visual is None:
-        raise ValueError("--imagefolder needs --image-tokenizer builtin|atoken|DIR (a directory from fit-tokenizer)")
-    out = Path(args.out)
     text_path = args.tokenizer
     tokenizer = HFTokenizer(args.tokenizer) if args.tokenizer else None
     if args.imagefolder:
@@ -107,6 +125,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             tokenizer = WordTokenizer(caption_words(rows, args.caption_prompt))
             text_path = tokenizer.save(out / TEXT_FILE)
     tokens = _tokens(args, tokenizer, _sizes(args, visual), isinstance(tokenizer, WordTokenizer))
+    if tokenizer is not None:
+        check_special_ids(tokenizer, tokens)
     assets = save_assets(out, text_path, visual)
     pixels = None if visual is None else PixelEncoder(
         visual, args.batch_size, args.workers, _progress(sys.stderr.isatty() if args.progress is None
@@ -117,12 +137,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         reports = {split: build_rows(split_rows_, out / split, **common) for split, split_rows_ in splits.items()}
     else:
         reports = {"": build_shards(args.manifests, out, **common)}
-    for split, report in reports.items():
-        for s in report.skipped:
-            print(f"skipped {s.manifest}:{s.line}: {s.reason}", file=sys.stderr)
-        print(f"wrote {report.rows_written} rows to {len(report.shards)} shards in {out / split}; "
-              f"skipped {report.rows_skipped} rows")
-    return 0
+    return reports
 
 
 def _visual(args: argparse.Namespace):
@@ -136,7 +151,7 @@ def cmd_tokenize_images(args: argparse.Namespace) -> int:
     import torch
 
     from lumina.data.pixels import Preparation, image_files, read_image, to_signed
-    from lumina.data.token_files import token_file_dict
+    from lumina.data.token_files import TokenFileError, read_token_file, token_file_dict
 
     visual = _visual(args)
     prep = Preparation(visual.image_size if args.max_edge is None else args.max_edge, visual.patch_size)
@@ -146,26 +161,46 @@ def cmd_tokenize_images(args: argparse.Namespace) -> int:
     if repeated:
         raise ValueError(f"image files share the stems {repeated}; each writes <stem>.pkl, so they would collide")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file; name a directory")
+    todo = []
     for file in files:
+        path = out / f"{file.stem}.pkl"
+        if not path.exists():
+            todo.append((file, path))
+        elif not args.resume:
+            raise ValueError(f"{path} exists; pass --resume to keep the token files already written and write "
+                             "the rest, or name a new --out")
+        else:  # kept only when complete and valid: files are renamed into place once written whole
+            try:
+                read_token_file(path, "image", visual.num_codebooks, visual.codebook_size)
+            except TokenFileError as exc:
+                raise ValueError(f"--resume: {exc}; remove it to have it written again") from exc
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{len(files) - len(todo)} token files kept, {len(todo)} to write")
+    for file, path in todo:
         pixels = read_image(file, prep)
         codes, grid = visual.encode(to_signed(pixels[None]))
-        path = out / f"{file.stem}.pkl"
-        torch.save(token_file_dict(codes[0], grid, image_size=pixels.shape[:2]), path)
+        partial = path.with_name(f".{path.name}.partial")
+        torch.save(token_file_dict(codes[0], grid, image_size=pixels.shape[:2]), partial)
+        partial.replace(path)  # never a half-written <stem>.pkl under its name
         print(f"saved={path} grid={grid[0]}x{grid[1]} token_length={codes.shape[1]}")
     return 0
 
 
 def cmd_fit_tokenizer(args: argparse.Namespace) -> int:
     from lumina.data.fit_tokenizer import fit_on_files
+    from lumina.data.outputs import check_output, staged_output
     from lumina.data.pixels import image_files
     from lumina.data.tokenizers.image_rvq import RVQSettings
 
     settings = RVQSettings(patch_size=args.patch, codebook_size=args.codebook_size, num_codebooks=args.codebooks,
                            kmeans_iters=args.kmeans_iters, seed=args.seed)
+    check_output(args.out, args.overwrite, args.images)
     files = image_files(args.images)
     tokenizer, report = fit_on_files(files, settings, args.image_size, args.heldout, args.max_patches, args.workers)
-    tokenizer.save(args.out)
+    with staged_output(args.out, args.overwrite, args.images) as stage:
+        tokenizer.save(stage)
     held = report["heldout_psnr_db"]
     print(f"fitted {tokenizer.num_codebooks} codebooks of {tokenizer.codebook_size} codes (patch {tokenizer.patch_size}, "
           f"{tokenizer.image_size} px) on {report['train_images']} images -> {args.out}")
@@ -175,16 +210,18 @@ def cmd_fit_tokenizer(args: argparse.Namespace) -> int:
 
 
 def cmd_world(args: argparse.Namespace) -> int:
+    from lumina.data.outputs import check_output, staged_output
     from lumina.data.tokenizers.image_rvq import RVQSettings
     from lumina.data.world.dataset import build_world, round_trip_report
 
     rvq = RVQSettings(patch_size=args.patch_size, codebook_size=args.codebook_size,
                       num_codebooks=args.num_codebooks, seed=args.tokenizer_seed)
+    out = check_output(args.out, args.overwrite)
     world = build_world(args.split, args.num_samples, args.seed, rvq=rvq, cache_dir=args.cache_dir)
-    out = Path(args.out)
-    shards = world.dataset.save(out, rows_per_shard=args.rows_per_shard, prefix=f"world-{args.split}")
-    world.text_tokenizer.save(out / "tokenizer.json")
-    world.image_tokenizer.save(out / "image_tokenizer.safetensors")
+    with staged_output(out, args.overwrite) as stage:
+        shards = world.dataset.save(stage, rows_per_shard=args.rows_per_shard, prefix=f"world-{args.split}")
+        world.text_tokenizer.save(stage / "tokenizer.json")
+        world.image_tokenizer.save(stage / "image_tokenizer.safetensors")
     print(f"wrote {len(world.dataset)} {args.split} samples to {len(shards)} shards in {out}")
     report = round_trip_report(world.image_tokenizer, args.split)
     print(f"image tokenizer round trip on {args.split} scenes: mse {report['mse']:.5f} "
@@ -216,12 +253,18 @@ def _image_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="where AToken runs (default cuda; it stops without CUDA unless set, e.g. cpu)")
 
 
+def _overwrite_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (and remove what an "
+                   "interrupted run left beside it); without it such an --out is refused")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lumina-data", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="JSONL manifests or an image folder -> Parquet shards")
     b.add_argument("manifests", nargs="*")
     b.add_argument("--out", required=True)
+    _overwrite_option(b)
     b.add_argument("--tokenizer", help="HF tokenizer.json for text parts given as strings")
     b.add_argument("--special-tokens", choices=("official", "tokenizer"), default="official",
                    help="official ids, or the ids the --tokenizer vocabulary defines")
@@ -248,12 +291,15 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tokenize-images", help="image files -> official token files (<stem>.pkl)")
     t.add_argument("images", nargs="+", help="image files or directories (PNG, JPEG, WebP, BMP)")
     t.add_argument("--out", required=True)
+    t.add_argument("--resume", action="store_true", help="keep the valid <stem>.pkl files already in --out and "
+                   "write the rest (without it an existing <stem>.pkl is refused)")
     t.add_argument("--image-tokenizer", default="atoken", help="'atoken' (default), 'builtin' or a directory")
     _image_options(t)
     t.set_defaults(func=cmd_tokenize_images)
     f = sub.add_parser("fit-tokenizer", help="fit the built-in image tokenizer on image files")
     f.add_argument("images", nargs="+", help="image files or directories (PNG, JPEG, WebP)")
     f.add_argument("--out", required=True)
+    _overwrite_option(f)
     f.add_argument("--codebooks", type=int, default=4)
     f.add_argument("--codebook-size", type=int, default=64)
     f.add_argument("--patch", type=int, default=4)
@@ -267,6 +313,7 @@ def parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_fit_tokenizer)
     w = sub.add_parser("world", help="write the built-in scene-world dataset")
     w.add_argument("--out", required=True)
+    _overwrite_option(w)
     w.add_argument("--split", default="train", choices=("train", "val", "test"))
     w.add_argument("--num-samples", type=int, default=2000)
     w.add_argument("--seed", type=int, default=0)
@@ -289,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError, StoreError) as exc:
-        print(f"lumina-data {args.command}: error: {' | '.join(str(exc).splitlines())}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, KeyError, ImportError, StoreError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"lumina-data: error: {args.command}: {' | '.join(str(message).splitlines())}", file=sys.stderr)
         code = 1 if isinstance(exc, StoreError) else 2
     if argv is None:
         sys.exit(code)

@@ -54,6 +54,7 @@ import torch
 from lumina.data.assets import DatasetAssets
 from lumina.data.fs import is_file, is_url, join, parent, read_lines
 from lumina.data.ingest import PendingRow, PixelEncoder, PixelPart
+from lumina.data.layout import check_sample
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import LengthFn, ShardWriter
@@ -79,6 +80,7 @@ class BuildReport:
     rows_written: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     shards: list[str] = field(default_factory=list)
+    ignored_keys: dict[str, int] = field(default_factory=dict)  # key -> source lines holding it, unused
 
     @property
     def rows_skipped(self) -> int:
@@ -86,11 +88,23 @@ class BuildReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"rows_written": self.rows_written, "rows_skipped": self.rows_skipped, "shards": self.shards,
-                "skipped": [asdict(s) for s in self.skipped]}
+                "skipped": [asdict(s) for s in self.skipped], "ignored_keys": self.ignored_keys}
 
 
 class _RowError(Exception):
     """Internal: a reason without the file:line prefix."""
+
+
+ROW_KEYS = ("id", "source", "turns")
+TURN_KEYS = ("role", "parts")
+PART_KEYS = ("kind", "ids", "text", "path", "codes", "grid", "file", "files")
+
+
+def _known_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
+    """A key the schema does not know (a misspelling) is an error, never ignored."""
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        raise _RowError(f"{where}: unknown key {unknown[0]!r} (expected keys among {list(allowed)})")
 
 
 # ---- rows ----
@@ -138,6 +152,7 @@ def parse_part(part: Any, where: str, base_dir: str | Path, tokens: SpecialToken
                tokenizer: TextTokenizer | None, pixels: bool = False) -> Text | Media | PixelPart:
     if not isinstance(part, dict):
         raise _RowError(f"{where}={part!r}: expected an object")
+    _known_keys(part, PART_KEYS, where)
     kind = _require(part, "kind", str, where)
     if kind == "text":
         if ("ids" in part) == ("text" in part):
@@ -201,6 +216,7 @@ def parse_row(obj: Any, base_dir: str | Path, tokens: SpecialTokens, tokenizer: 
               default_source: str, pixels: bool = False) -> Sample:
     if not isinstance(obj, dict):
         raise _RowError(f"row is {type(obj).__name__}; expected a JSON object")
+    _known_keys(obj, ROW_KEYS, "row")
     sid = _require(obj, "id", str, "row")
     if not sid:
         raise _RowError("row.id is empty")
@@ -213,6 +229,7 @@ def parse_row(obj: Any, base_dir: str | Path, tokens: SpecialTokens, tokenizer: 
         where = f"turns[{k}]"
         if not isinstance(turn, dict):
             raise _RowError(f"{where}={turn!r}: expected an object")
+        _known_keys(turn, TURN_KEYS, where)
         role = _require(turn, "role", str, where)
         if role not in ROLES:
             raise _RowError(f"{where}.role={role!r}: expected one of {ROLES}")
@@ -231,22 +248,28 @@ class RawRow:
     line: int
     obj: Any = None
     error: str | None = None
+    ignored_keys: tuple[str, ...] = ()  # keys of the source line the row does not use (counted in the report)
 
 
 def manifest_rows(manifests: list[str | Path]) -> Iterator[RawRow]:
-    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order."""
+    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order. A manifest without
+    a row is an error (nothing to build is a mistake, not an empty dataset)."""
     for manifest in manifests:
         manifest = manifest if is_url(manifest) else Path(manifest)
         if not is_file(manifest):
             raise FileNotFoundError(f"manifest {manifest} does not exist")
+        rows = 0
         for line_no, line in enumerate(read_lines(manifest), start=1):
             if not line.strip():
                 continue
+            rows += 1
             try:
                 row = RawRow(manifest, line_no, json.loads(line))
             except ValueError as exc:  # bad JSON or bad UTF-8
                 row = RawRow(manifest, line_no, error=f"invalid JSON: {exc}")
             yield row
+        if not rows:
+            raise ValueError(f"manifest {manifest} holds no rows")
 
 
 def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: SpecialTokens,
@@ -277,7 +300,11 @@ def build_rows(rows: Iterable[RawRow], out_dir: str | Path, tokens: SpecialToken
                          f"{pixels.tokenizer.codebook_size}; the special tokens say num_codebooks="
                          f"{tokens.num_codebooks}, codebook_size={tokens.codebook_size}")
 
+    report = BuildReport()
+
     def parse(raw: RawRow) -> PendingRow:
+        for key in raw.ignored_keys:
+            report.ignored_keys[key] = report.ignored_keys.get(key, 0) + 1
         if raw.error is not None:
             return PendingRow(raw, None, _RowError(raw.error))
         try:
@@ -288,14 +315,14 @@ def build_rows(rows: Iterable[RawRow], out_dir: str | Path, tokens: SpecialToken
     pending: Iterator[PendingRow] = (parse(raw) for raw in rows)
     if pixels is not None:
         pending = pixels(pending)
-    report = BuildReport()
     writer = ShardWriter(out_dir, tokens, length_fn, rows_per_shard, assets=assets)
     with contextlib.closing(pending) as stream:  # closing stops the pixel readers on an error
         for row in stream:
             reason = None if row.error is None else str(row.error)
             if reason is None:
                 try:
-                    writer.write(row.sample)  # validates, computes laid-out lengths (the layout's checks)
+                    check_sample(row.sample, tokens)  # every check training's layout makes (reserved ids, ...)
+                    writer.write(row.sample)  # validates, computes laid-out lengths
                 except ValueError as exc:
                     reason = str(exc)
             if reason is not None:

@@ -76,11 +76,22 @@ def open_binary(path: str, size: int | None = None) -> IO[bytes]:
 
 
 def is_file(path: str | Path, retry: Retry = DEFAULT_RETRY) -> bool:
-    """Whether a local file or an object exists (an object's lookup retried within `retry`)."""
+    """Whether a local file or an object exists. Only "not found" is False: an object's lookup is retried
+    within `retry` on transient errors, then raises StoreError naming the URL (as a refused permission does)."""
     if not is_url(path):
         return Path(path).is_file()
     fs, inner = filesystem(str(path))
-    return with_retries(str(path), "looking it up", lambda: fs.isfile(inner), retry)
+
+    def look_up() -> bool:  # fsspec's isfile() answers False on any error, an outage included
+        try:
+            return fs.info(inner)["type"] == "file"
+        except FileNotFoundError:
+            return False
+
+    try:
+        return with_retries(str(path), "looking it up", look_up, retry)
+    except PermissionError as exc:
+        raise StoreError(f"{path}: looking it up was refused: {exc}") from exc
 
 
 def read_bytes(path: str | Path, retry: Retry = DEFAULT_RETRY) -> bytes:

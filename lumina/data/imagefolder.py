@@ -1,15 +1,18 @@
 """`lumina-data build --imagefolder DIR --tasks t2i,caption`: a folder of captioned images -> train / val shards.
 
 DIR holds the images and `metadata.jsonl`: one JSON object per image with `file_name` (relative to DIR) and
-`text` (its caption), the convention of Hugging Face `datasets`' imagefolder; other keys are ignored. Each image
+`text` (its caption), the convention of Hugging Face `datasets`' imagefolder; other keys (columns) are not
+used, and the build report counts them (`ignored_keys`: key -> lines holding it). Each image
 becomes one sample per chosen task, named "<file_name>#<task>", opened by the official system prompt of its
 task (`lumina.data.prompts`, the ones `lumina-generate` uses for a checkpoint trained on it):
     t2i      user: the caption                          assistant: the image
     caption  user: the image, then the caption prompt   assistant: the caption
 The held-out split ("val") takes round(val_fraction * N) of the N images (at least one when val_fraction > 0
 and N >= 2): those whose sha256(f"{seed}:{file_name}") sorts first, so the split does not depend on line order,
-and both tasks of an image land in the same split. The rest is "train". A folder with train/ and val/ (or
-validation/) subfolders, each an imagefolder of its own (the Hugging Face layout), keeps those splits instead.
+and both tasks of an image land in the same split. The rest is "train". A folder with train/ and a held-out
+subfolder (val/, validation/, valid/ or dev/: `lumina.data.roots`), each an imagefolder of its own (the Hugging
+Face layout), keeps those splits instead; its test/ is not read. A folder holding both train/ and a top-level
+metadata.jsonl is refused (one of the two would be dropped).
 A bad metadata line (not JSON, no `file_name` / `text`) or image is a bad row named by `metadata.jsonl` and its
 line number.
 """
@@ -28,6 +31,7 @@ METADATA_FILE = "metadata.jsonl"
 TASKS = ("t2i", "caption")
 SPLITS = ("train", "val")
 CAPTION_PROMPT = "describe the image ."
+ENTRY_KEYS = ("file_name", "text")  # what a metadata line gives a sample
 
 
 def _check_entry(row: RawRow) -> RawRow:
@@ -35,7 +39,9 @@ def _check_entry(row: RawRow) -> RawRow:
     if row.error is not None:
         return row
     obj = row.obj
-    for key in ("file_name", "text"):
+    if isinstance(obj, dict):
+        row = RawRow(row.file, row.line, obj, ignored_keys=tuple(k for k in obj if k not in ENTRY_KEYS))
+    for key in ENTRY_KEYS:
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str) or not obj[key].strip():
             value = obj.get(key) if isinstance(obj, dict) else obj
             return RawRow(row.file, row.line, error=f"{key}={value!r}: a metadata line needs a non-empty string "
@@ -104,8 +110,9 @@ def task_rows(rows: list[RawRow], tasks: list[str], caption_prompt: str = CAPTIO
         if row.error is not None:
             out.append(row)
             continue
-        out += [RawRow(row.file, row.line, task_sample(row.obj["file_name"], row.obj["text"], task, caption_prompt))
-                for task in tasks]
+        out += [RawRow(row.file, row.line, task_sample(row.obj["file_name"], row.obj["text"], task, caption_prompt),
+                       ignored_keys=row.ignored_keys if k == 0 else ())  # counted once per line
+                for k, task in enumerate(tasks)]
     return out
 
 
@@ -124,6 +131,9 @@ def folder_splits(directory: str | Path, tasks: list[str], val_fraction: float =
     validation/) subfolders each hold a metadata.jsonl, as Hugging Face imagefolders do, keeps those splits;
     otherwise (or with train/ alone) the held-out split is drawn as `split_rows` does."""
     root = dataset_root(directory)
+    if root is not None and (Path(directory) / METADATA_FILE).is_file():
+        raise ValueError(f"imagefolder {directory} holds both {root.train}/ and {Path(directory) / METADATA_FILE}; "
+                         "keep the top-level images in train/ (or drop train/), so that none is left out")
     if root is None or root.val is None:
         rows = metadata_rows(directory if root is None else root.train)
         return rows, split_rows(rows, tasks, val_fraction, seed, caption_prompt)

@@ -1,9 +1,10 @@
 """Dataset roots: a directory whose splits are its `train/` and `val/` subdirectories.
 
-`lumina-data build --imagefolder` writes OUT/train and OUT/val; Hugging Face `datasets` imagefolders name the
-held-out split `validation/`. `dataset_root(DIR)` reads such a directory as (train, held-out) paths: `train/`
-plus the first of `val/`, `validation/` present (None when neither is). A directory without `train/` is not a
-root (None): it is read as it is.
+`lumina-data build --imagefolder` writes OUT/train and OUT/val; other datasets name the held-out split
+`validation/`, `valid/` or `dev/`. `dataset_root(DIR)` reads such a directory as (train, held-out) paths:
+`train/` plus the one of `VAL_DIRS` present (None when none is; two of them are ambiguous and refused). A
+`test/` split is never read (neither trained nor validated on: it stays yours for the final evaluation). A
+directory without `train/` is not a root (None): it is read as it is.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRAIN_DIR = "train"
-VAL_DIRS = ("val", "validation")
+VAL_DIRS = ("val", "validation", "valid", "dev")  # the held-out split's accepted names
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class DatasetRoot:
 
 def dataset_root(path: str | Path) -> DatasetRoot | None:
     """The splits of a dataset root (module docstring), or None when `path` is not one. Two held-out
-    directories (val/ and validation/) are ambiguous and refused."""
+    directories (e.g. val/ and valid/) are ambiguous and refused."""
     root = Path(path)
     if not (root / TRAIN_DIR).is_dir():
         return None

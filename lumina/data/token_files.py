@@ -1,8 +1,9 @@
 """Official media token files: `torch.save` dicts of "indices" [N, C] and "coords" [N, k], read and written.
 
 Reading (`read_token_file`) follows the official reader (InternLumina-U2 `utils/media_token_io.py`):
-    * `.pkl` / `.pt` files are `torch.load`ed with `weights_only=True` plus exactly the NumPy globals a pickled
-      array or scalar needs (`NUMPY_GLOBALS`), never plain pickle: a file whose pickle asks for anything else
+    * `.pkl` / `.pt` files are `torch.load`ed with `weights_only=True` (torch's own allow-list: tensors and
+      plain containers such as dict, list, collections.OrderedDict) plus the NumPy globals a pickled array or
+      scalar needs (`NUMPY_GLOBALS`), never plain pickle: a file whose pickle asks for anything else
       (os.system, ...) is refused with `TokenFileError` naming the file, and nothing of it runs;
     * the payload is checked like `_validate_media_token_schema`: a dict with "indices" and "coords";
       both rectangular integer matrices (tensors, NumPy arrays or nested lists) with at least one row;
@@ -77,8 +78,9 @@ class TokenFile:
 def load_token_dict(path: str | Path) -> Any:
     """The unpickled payload of a token file, a local path or a URL (`lumina.data.fs`: its bytes read whole,
     with the store's retries; a store still failing raises StoreError), loaded with weights_only=True +
-    NUMPY_GLOBALS; TokenFileError naming the file for a missing file, a corrupt one or a pickle asking for any
-    other global."""
+    NUMPY_GLOBALS: torch's weights-only unpickler (tensors, containers such as collections.OrderedDict, no
+    code) plus NumPy's array globals; TokenFileError naming the file for a missing file, a corrupt one or a
+    pickle asking for any other global."""
     try:
         data = read_bytes(path)
     except (FileNotFoundError, IsADirectoryError) as exc:

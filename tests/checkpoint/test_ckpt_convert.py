@@ -109,3 +109,26 @@ def test_cli_reports_bad_checkpoint(split_dir: Path, tmp_path: Path, capsys: pyt
     assert exit_info.value.code == 1
     assert "'model.layers.1.mlp.experts.9.up_proj.weight' is listed in model.safetensors.index.json" in \
         capsys.readouterr().err
+
+
+def test_cli_never_overwrites_or_mixes_an_output(split_dir: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    main([str(split_dir), str(out), "--layout", "fused", "--max-shard-size", "400KB"])
+    many = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(many) > 1
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(split_dir), str(out), "--layout", "fused"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 1 and len(err) == 1 and err[0].startswith("lumina-convert: error:")
+    assert str(out) in err[0] and "not empty" in err[0] and "--overwrite" in err[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    main([str(split_dir), str(out), "--layout", "fused", "--max-shard-size", "1GB", "--overwrite"])
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model-00001-of-00001.safetensors"]
+    assert_bit_equal(read_dir(out), naive_fuse(read_dir(split_dir)))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        main([str(split_dir), str(tmp_path / "file"), "--layout", "fused"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"output {tmp_path / 'file'} is an existing file" in err[0]

@@ -133,7 +133,11 @@ class HFTokenizer:
             self.path = self.path / "tokenizer.json"
         if not self.path.is_file():
             raise FileNotFoundError(f"tokenizer file {self.path} does not exist")
-        self.tokenizer = Tokenizer.from_file(str(self.path))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(self.path))
+        except Exception as exc:  # the tokenizers package raises a bare Exception for a file it cannot parse
+            raise ValueError(f"tokenizer file {self.path} is not a tokenizer.json the tokenizers package reads: "
+                             f"{exc}") from exc
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         self.special_ids = {s: vocab[s] for s in SPECIAL_TOKEN_STRINGS if s in vocab}
 
@@ -194,3 +198,15 @@ def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebook
     ids.update(overrides)
     return SpecialTokens(text_vocab_size=tokenizer.vocab_size, codebook_size=codebook_size,
                          num_codebooks=num_codebooks, image_vocab_size=image_vocab_size, **ids)
+
+
+def check_special_ids(tokenizer: TextTokenizer, tokens: SpecialTokens) -> None:
+    """Every special string the tokenizer defines must sit at the id the dataset records for it (another
+    model's tokenizer would mix its ids and the recorded ones in one dataset); ValueError names the token and
+    both ids."""
+    defined = tokenizer.special_ids
+    for field, string in {**SPECIAL_FIELD_STRINGS, **TEMPLATE_FIELD_STRINGS}.items():
+        if string in defined and defined[string] != getattr(tokens, field):
+            raise ValueError(f"tokenizer defines {string!r} as id {defined[string]}, but the dataset's special "
+                             f"tokens put {field} at {getattr(tokens, field)}: a tokenizer of another model? "
+                             "(--special-tokens tokenizer takes the tokenizer's ids)")
