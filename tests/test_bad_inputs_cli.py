@@ -28,20 +28,20 @@ COMMANDS = {  # what each console script runs (pyproject's [project.scripts])
     "lumina-convert": "from lumina.cli.convert import main; main()",
     "lumina-train": "from lumina.cli.train import main; main()",
 }
-SHARD = "model-00002-of-00003.safetensors"
+SHARD = "model-00002-of-00007.safetensors"
 BROKEN_LINE = PROMPT + '\n{"prompt": 1\n'  # line 2 is cut short
 
 
 def make_checkpoint(directory: Path) -> None:
-    """A tiny HF checkpoint of three shards carrying the built-in world's tokenizer.json."""
+    """A tiny HF checkpoint of seven shards carrying the built-in world's tokenizer.json."""
     from lumina.checkpoint import save_pretrained
     from lumina.data.world.dataset import world_text_tokenizer
     from lumina.model import LuminaConfig, LuminaModel
 
     torch.manual_seed(0)
-    save_pretrained(LuminaModel(LuminaConfig.tiny()), directory, max_shard_size="1.2MB")
+    save_pretrained(LuminaModel(LuminaConfig.tiny()), directory, max_shard_size="1MB")
     world_text_tokenizer().save(directory / "tokenizer.json")
-    assert len(list(directory.glob("model-*.safetensors"))) == 3
+    assert len(list(directory.glob("model-*.safetensors"))) == 7
 
 
 def truncate(path: Path) -> None:
