@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_shapes
 from lumina.checkpoint.layout import Source, Whole, match_checkpoint
-from lumina.checkpoint.reader import HFCheckpoint
+from lumina.checkpoint.reader import HFCheckpoint, open_shard
 from lumina.checkpoint.save import copy_assets, dtype_name, resolve_dtype
 from lumina.checkpoint.writer import export_plan, parse_size, write_shards
 from lumina.data.outputs import check_output, staged_output
@@ -82,7 +81,7 @@ class _OpenFiles:
 
     def __call__(self, file: Path) -> Any:
         if file not in self._handles:
-            self._handles[file] = self._stack.enter_context(safe_open(file, framework="pt"))
+            self._handles[file] = self._stack.enter_context(open_shard(file))
         return self._handles[file]
 
     def close(self) -> None:

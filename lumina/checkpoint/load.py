@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from lumina.checkpoint.layout import Whole, match_checkpoint
-from lumina.checkpoint.reader import HFCheckpoint
+from lumina.checkpoint.reader import HFCheckpoint, open_shard
 from lumina.checkpoint.save import resolve_dtype
 from lumina.checkpoint.writer import export_dtype
 
@@ -75,7 +74,7 @@ def load_hf_state_dict_into(model: nn.Module, path: str | Path, *, dtype: torch.
     for file in checkpoint.files:
         if not reads[file]:
             continue
-        with safe_open(file, framework="pt") as handle, torch.no_grad():
+        with open_shard(file) as handle, torch.no_grad():
             for checkpoint_key, key, expert in reads[file]:
                 _place(slots[key], handle.get_tensor(checkpoint_key), expert, expected[key], out_dtype, device)
     return model

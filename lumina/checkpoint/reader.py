@@ -7,12 +7,14 @@ A directory holds `config.json` and either one `model.safetensors` or shards lis
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from lumina.model.config import LuminaConfig
 
@@ -24,6 +26,17 @@ SAFETENSORS_DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
+
+
+@contextmanager
+def open_shard(file: Path) -> Iterator[Any]:
+    """`safe_open` of one weight file (torch tensors); a file that is no complete safetensors file (truncated,
+    corrupt) raises ValueError naming it, on opening or on reading a tensor."""
+    try:
+        with safe_open(file, framework="pt") as handle:
+            yield handle
+    except SafetensorError as error:
+        raise ValueError(f"weight file {str(file)!r} is truncated or corrupt: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -47,7 +60,10 @@ class HFCheckpoint:
         if single.exists() and index.exists():
             raise ValueError(f"{self.directory} holds both {SINGLE_FILE} and {INDEX_FILE}; keep one of them")
         if index.exists():
-            self.index: dict[str, Any] | None = json.loads(index.read_text())
+            try:
+                self.index: dict[str, Any] | None = json.loads(index.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{str(index)!r} is not valid JSON: {error}") from error
             weight_map = self.index.get("weight_map") if isinstance(self.index, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ValueError(f"{index}: 'weight_map' is missing or empty")
@@ -66,7 +82,7 @@ class HFCheckpoint:
             if not file.exists():
                 problems.append(f"shard {file.name!r} named by {INDEX_FILE} does not exist")
                 continue
-            with safe_open(file, framework="pt") as handle:
+            with open_shard(file) as handle:
                 for key in handle.keys():
                     view = handle.get_slice(key)
                     dtype_name = view.get_dtype()

@@ -1,5 +1,6 @@
 """`lumina-convert SRC DST --layout split|fused [--dtype bf16|keep] [--max-shard-size 5GB]`: rewrite an HF
-checkpoint directory in the other expert layout (streaming, shard by shard)."""
+checkpoint directory in the other expert layout (streaming, shard by shard). Mistakes end it with one line,
+`lumina-convert: error: ...` (`lumina.cli.errors`)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # imported after parsing, so that --help and usage errors skip the torch import
     from lumina.checkpoint import convert_checkpoint
+    from lumina.cli.errors import reporting
 
-    try:
+    with reporting("lumina-convert"):  # bad checkpoint or arguments: one line naming them, exit status 2
         out = convert_checkpoint(args.src, args.dst, layout=args.layout, dtype=args.dtype,
                                  max_shard_size=args.max_shard_size, overwrite=args.overwrite)
-    except (ValueError, OSError) as err:  # bad checkpoint or arguments: the message names them
-        parser.exit(1, f"lumina-convert: error: {err}\n")
     print(f"wrote {args.layout} checkpoint to {out}")
 
 

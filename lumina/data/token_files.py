@@ -1,10 +1,11 @@
 """Official media token files: `torch.save` dicts of "indices" [N, C] and "coords" [N, k], read and written.
 
 Reading (`read_token_file`) follows the official reader (InternLumina-U2 `utils/media_token_io.py`):
-    * `.pkl` / `.pt` files are `torch.load`ed with `weights_only=True` (torch's own allow-list: tensors and
-      plain containers such as dict, list, collections.OrderedDict) plus the NumPy globals a pickled array or
-      scalar needs (`NUMPY_GLOBALS`), never plain pickle: a file whose pickle asks for anything else
-      (os.system, ...) is refused with `TokenFileError` naming the file, and nothing of it runs;
+    * `.pkl` / `.pt` files are `torch.load`ed with `weights_only=True`, never plain pickle: torch's own allow-list
+      (tensors, storages, plain containers: dict, list, tuple, `collections.OrderedDict`, ...; the official
+      files save torch tensors) plus the NumPy globals a pickled array or scalar needs (`NUMPY_GLOBALS`). A
+      file whose pickle asks for anything else (os.system, collections.defaultdict, ...) is refused with
+      `TokenFileError` naming the file and the globals, and nothing of it runs;
     * the payload is checked like `_validate_media_token_schema`: a dict with "indices" and "coords";
       both rectangular integer matrices (tensors, NumPy arrays or nested lists) with at least one row;
       indices with C columns and codes in [0, K) (C x K is the dataset's tokenizer: 8 x 4096 for AToken);
@@ -89,8 +90,8 @@ def load_token_dict(path: str | Path) -> Any:
         with torch.serialization.safe_globals(NUMPY_GLOBALS):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # an unpickler refusal or a corrupt file; nothing of the pickle ran
-        raise TokenFileError(f"token file {path} cannot be read safely (torch.load weights_only=True with only "
-                             f"NumPy arrays allowed): {_refusal(data, exc)}") from exc
+        raise TokenFileError(f"token file {path} cannot be read safely (torch.load weights_only=True, torch's "
+                             f"allow-list plus NumPy arrays): {_refusal(data, exc)}") from exc
 
 
 def _refusal(data: bytes, exc: Exception) -> str:

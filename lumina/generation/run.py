@@ -18,6 +18,7 @@ Sampling settings, system prompts and dtype not given follow the checkpoint (`lu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,12 @@ def read_prompts(cfg: DictConfig) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             if line.lstrip().startswith("{"):
-                record = json.loads(line)
-                if "prompt" not in record:
-                    raise ValueError(f"{path}:{n}: a JSON line needs a 'prompt' key")
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"prompts_file={str(path)!r}, line {n}: not valid JSON ({error})") from error
+                if not isinstance(record, dict) or "prompt" not in record:
+                    raise ValueError(f"prompts_file={str(path)!r}, line {n}: a JSON line needs a 'prompt' key")
                 requests.append({"prompt": str(record["prompt"]), "image": record.get("image")})
             else:
                 requests.append({"prompt": line.strip(), "image": None})
@@ -263,7 +267,16 @@ def _row(images: torch.Tensor, gap: int = 2) -> torch.Tensor:
     return canvas
 
 
+DEVICES = "auto, cpu, cuda, cuda:N"
+
+
 def _device(name: str) -> str:
+    """The torch device of `device=` (auto: CUDA when there is one); a name outside DEVICES, or CUDA on a
+    machine without it, raises ValueError naming the value."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not re.fullmatch(r"cuda(:\d+)?", str(name)):
+        raise ValueError(f"device={name!r}: expected one of {DEVICES}")
+    if name != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: no CUDA device is available here (device=cpu or device=auto)")
     return name

@@ -260,7 +260,10 @@ class LuminaConfig:
             path = Path(path_or_dict)
             if path.is_dir():
                 path = path / "config.json"
-            raw = json.loads(path.read_text())
+            try:
+                raw = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{str(path)!r} is not valid JSON: {error}") from error
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"} - set(TRAINING_KEYS)
         kwargs = {k: v for k, v in raw.items() if k in known}
         extra = {k: v for k, v in raw.items() if k not in known}

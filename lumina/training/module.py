@@ -9,9 +9,10 @@ text / per-codebook accuracy, peak memory: the max over ranks).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
@@ -239,9 +240,39 @@ class LuminaModule(L.LightningModule):
                              f"was trained with {trained!r}; resume with schedule={trained}")
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceRNG:
+    """An accelerator's generator, as its state getter and setter (a ByteTensor state)."""
+
+    get: Callable[[], torch.Tensor]
+    set: Callable[[torch.Tensor], None]
+
+
+def device_rng(device: torch.device) -> DeviceRNG | None:
+    """The generator of `device` when it is a CUDA device (the routers' selection noise is drawn there on a
+    GPU), else None."""
+    if device.type != "cuda":
+        return None
+    return DeviceRNG(functools.partial(torch.cuda.get_rng_state, device),
+                     functools.partial(torch.cuda.set_rng_state, device=device))
+
+
+def record_device_rng(state: dict[str, Any], rng: DeviceRNG | None) -> None:
+    """Add the device generator's state to an RNG record under "cuda"."""
+    if rng is not None:
+        state["cuda"] = rng.get()
+
+
+def restore_device_rng(state: dict[str, Any], rng: DeviceRNG | None) -> None:
+    """Restore the device generator from an RNG record (a record without one, saved on CPU or before lumina
+    recorded it, leaves that generator as it is)."""
+    if rng is not None and "cuda" in state:
+        rng.set(state["cuda"])
+
+
 def rng_state(device: torch.device) -> dict[str, Any]:
     """The record of every generator training draws from: torch's CPU generator, the generator of `device`
-    when it is a CUDA device (the routers' selection noise is drawn there on a GPU), numpy's and Python's.
+    when it is a CUDA device (`device_rng`), numpy's and Python's.
     It holds tensors and plain Python values only, so `torch.load(weights_only=True)` reads it.
     `LuminaModule` restores it at the first resumed batch, because creating the DataLoader's iterator after
     the load draws from these generators too."""
@@ -252,20 +283,17 @@ def rng_state(device: torch.device) -> dict[str, Any]:
                   "has_gauss": int(has_gauss), "gauss": float(gauss)},
         "python": random.getstate(),
     }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
+    record_device_rng(state, device_rng(device))
     return state
 
 
 def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore `rng_state`'s record (a record without a CUDA generator, saved on CPU or before lumina
-    recorded it, leaves that generator as it is)."""
+    """Restore `rng_state`'s record."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+    restore_device_rng(state, device_rng(device))
 
 
 def _plain(config: Any) -> dict[str, Any]:

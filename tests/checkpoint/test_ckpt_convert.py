@@ -106,7 +106,7 @@ def test_cli_reports_bad_checkpoint(split_dir: Path, tmp_path: Path, capsys: pyt
     index_path.write_text(json.dumps(index))
     with pytest.raises(SystemExit) as exit_info:
         main([str(split_dir), str(tmp_path / "out"), "--layout", "fused"])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 2  # bad input
     assert "'model.layers.1.mlp.experts.9.up_proj.weight' is listed in model.safetensors.index.json" in \
         capsys.readouterr().err
 

@@ -1,6 +1,8 @@
 """`apply_compile` (model.compile): the compiled tiny model gives eager's loss and every gradient, in fp32 and
 under bf16 autocast, with each checkpointing policy (routing replayed on recompute), and keeps its state-dict
-keys. Inductor compiles on CPU here (gcc); the graphs land in the inductor cache, so a rerun compiles little."""
+keys, and graphs really are compiled for the layers' forward and ffn and the channel head's blocks (dynamo's
+cache entries of their code). Inductor compiles on CPU here (gcc); the graphs land in the inductor cache, so a
+rerun compiles little."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 from model_helpers import MIXED_TYPES, make_batch
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from lumina.data.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
 from lumina.model.checkpointing import RoutingTape, apply_checkpointing
-from lumina.model.compile import apply_compile
+from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.objective import LuminaObjective
 
 # fp32: per gradient tensor, max |compiled - eager| <= RTOL * max |eager| + ATOL (fused kernels reorder
@@ -73,9 +76,24 @@ def compiled() -> LuminaModel:
     checkpointing first: the graphs are shared, fewer compiles)."""
     model = tiny_model()
     keys = list(model.state_dict())
+    torch._dynamo.reset()  # no graphs of an earlier test in this process: this module's compile their own
     apply_compile(model)
     assert list(model.state_dict()) == keys  # the official layout, no `_orig_mod.`
     return model
+
+
+def test_apply_compile_compiles_the_layers_and_the_head(batch: PackedBatch, compiled: LuminaModel) -> None:
+    """Parity alone passes when `apply_compile` compiles nothing: dynamo must hold compiled graphs for every
+    function it compiles once the model ran a step."""
+    apply_checkpointing(compiled, "none")
+    apply_compile(compiled)
+    train_step(compiled, batch, "fp32")
+    layer, head = compiled.model.layers[-1], compiled.multi_codebook_head
+    for name, code in [("decoder layer forward", type(layer).forward.__code__),
+                       ("decoder layer ffn", type(layer).ffn.__code__),
+                       ("channel head run", type(head).run.__code__)]:
+        assert _debug_get_cache_entry_list(code), f"{name}: no compiled graph"
+    assert compiled_graphs() > 0  # what training logs as compile/graphs
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
