@@ -27,13 +27,14 @@ T = TypeVar("T")
 
 class Registry:
     """Names -> classes of one kind of part. `kind` names the kind in errors; `package` is where lumina's own
-    parts of this kind live (every module in it is imported on the first look-up)."""
+    parts of this kind live (every module in it is imported on the first look-up); `official_choices` are
+    names the caller resolves itself that stand for the released model's choice (the attention rule's `auto`)."""
 
-    def __init__(self, kind: str, package: str) -> None:
+    def __init__(self, kind: str, package: str, official_choices: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.package = package
         self._parts: dict[str, type] = {}
-        self._official: set[str] = set()
+        self._official: set[str] = set(official_choices)
         self._discovered = False
 
     def register(self, name: str, official: bool = False) -> Callable[[type[T]], type[T]]:

@@ -8,6 +8,7 @@ official loader reads, refuses it, naming the field and the part.
 
 from __future__ import annotations
 
+from lumina.attention.rules import RULES
 from lumina.data.schedules import SCHEDULES
 from lumina.model.config import LuminaConfig
 from lumina.model.image_heads import IMAGE_HEADS
@@ -18,6 +19,7 @@ OFFICIAL_PART_FIELDS: tuple[tuple[str, Registry], ...] = (
     ("score_function", ROUTERS),
     ("image_head", IMAGE_HEADS),
     ("masking_schedule", SCHEDULES),
+    ("attn_rule", RULES),
 )
 
 

@@ -37,9 +37,9 @@ HARD_CODED_KEYS = (
 )
 # Research parts chosen by name (lumina.parts); written to config.json so lumina's reader rebuilds the same model
 # (a config.json without them gets the official parts, the defaults).
-PART_KEYS = ("image_head", "masking_schedule")
+PART_KEYS = ("image_head", "masking_schedule", "attn_rule")
 # lumina-only runtime choices; never written to config.json.
-TRAINING_KEYS = ("attn_backend", "attn_rule", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
+TRAINING_KEYS = ("attn_backend", "attn_strict", "moe_backend", "gradient_checkpointing", "check_finite",
                  "loss_chunk_rows", "router_init")
 
 DEFAULT_AUTO_MAP = {
@@ -137,9 +137,9 @@ class LuminaConfig:
     # --- lumina research parts (PART_KEYS; names in their registries) ---
     image_head: str = "channel_ar"  # lumina.model.image_heads: channel_ar (official) | parallel | a dotted path
     masking_schedule: str = DEFAULT_SCHEDULE  # a `lumina.data.schedules` part: training noise, ELBO weight, samplers
+    attn_rule: str = "auto"  # a lumina.attention.RULES name or dotted path; auto: the official choice per pack
     # --- lumina training knobs ---
     attn_backend: str = "auto"  # a lumina.attention.BACKENDS name or dotted path; auto: resolved at model build
-    attn_rule: str = "auto"  # a lumina.attention.RULES name or dotted path; auto: the official choice per pack
     attn_strict: bool = False
     moe_backend: str = "grouped_mm"
     gradient_checkpointing: str = "none"  # none | full | selective (legacy bools: True = full, False = none)

@@ -10,6 +10,10 @@ from model_helpers import MIXED_TYPES, make_batch
 
 from lumina.attention import BACKENDS, Backend, Pairs, resolve_backend
 from lumina.attention.backends import flash_varlen
+from lumina.attention.rules import Rows
+from lumina.attention.rules.full import FullRules
+from lumina.checkpoint import save_pretrained
+from lumina.checkpoint.model_factory import build_model
 from lumina.model import LuminaConfig, LuminaModel
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="auto means segmented only without CUDA")
@@ -124,3 +128,29 @@ def test_the_config_names_the_attention_rule() -> None:
             outs[rule] = model(batch).hidden
     assert torch.equal(outs["auto"], outs["full"])
     assert not torch.allclose(outs["auto"], outs["simple"], atol=1e-3)
+
+
+class EveryPairRule(FullRules):
+    """A rule of a user's own: every pair of a sequence may attend (no block-diffusion restrictions)."""
+
+    def allow(self, q: Rows, k: Rows) -> torch.Tensor:
+        return torch.ones(torch.broadcast_shapes(q.turn.shape, k.turn.shape), dtype=torch.bool)
+
+
+def test_the_attention_rule_travels_with_the_checkpoint(tmp_path) -> None:
+    """attn_rule is written to config.json and read back; the official split layout holds the official rules
+    (auto, full, simple) and refuses a rule of one's own, naming it; lumina's fused layout keeps it."""
+    for rule in ("auto", "full", "simple"):
+        model = LuminaModel(LuminaConfig.tiny(attn_rule=rule))
+        save_pretrained(model, tmp_path / rule, layout="split")
+        assert LuminaConfig.from_hf(tmp_path / rule).attn_rule == rule
+    own = f"{__name__}.EveryPairRule"
+    model = LuminaModel(LuminaConfig.tiny(attn_rule=own))
+    with pytest.raises(ValueError, match=rf"layout='split'.*attn_rule='{own}'"):
+        save_pretrained(model, tmp_path / "own_split", layout="split")
+    save_pretrained(model, tmp_path / "own", layout="fused")
+    back = build_model(LuminaConfig.from_hf(tmp_path / "own"), init_from=tmp_path / "own")
+    batch = make_batch(MIXED_TYPES, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(back(batch).hidden, model(batch).hidden)
+    assert back.config.attn_rule == own

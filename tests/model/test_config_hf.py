@@ -30,7 +30,7 @@ def test_to_hf_writes_every_released_key_unchanged_then_the_hard_coded_sizes() -
     assert {k: out[k] for k in raw} == raw  # values, auto_map included
     # then the hard-coded sizes and lumina's parts (the official loader ignores both)
     assert {k: v for k, v in out.items() if k not in raw} == {**HARD_CODED, "image_head": "channel_ar",
-                                                                  "masking_schedule": "official"}
+                                                                  "masking_schedule": "official", "attn_rule": "auto"}
     assert list(out)[:len(raw)] == list(raw)  # the released file's key order
     assert all(k not in out for k in ("attn_backend", "moe_backend", "check_finite", "extra"))
 

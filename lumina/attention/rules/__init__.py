@@ -22,7 +22,7 @@ from lumina.parts import Registry
 # plain ints: the rule is also traced into flex-attention's compiled mask_mod
 TEXT_PROMPT, TEXT_ANSWER, IMAGE_ANSWER = (int(t) for t in (TokenType.TEXT, TokenType.TEXT_ANSWER, TokenType.IMAGE_ANSWER))
 AUTO = "auto"
-RULES = Registry("attention rule", "lumina.attention.rules")
+RULES = Registry("attention rule", "lumina.attention.rules", official_choices=(AUTO,))
 
 
 class Rows(NamedTuple):
