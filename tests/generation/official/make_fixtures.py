@@ -1,12 +1,15 @@
 """Write `sequences.json`: the sequences the official inference scripts build for the conversations of
-`cases.py`, as facts for lumina's tests (tests/generation/test_official_sequences.py).
+`cases.py`, as facts for lumina's tests (tests/generation/test_official_sequences.py); and `parity.json`: the
+official generators' outputs on interface.write_tiny_checkpoint (tests/generation/test_official_parity.py).
 
     python tests/generation/official/make_fixtures.py --official /path/to/InternLumina-U2 [--out FILE]
+        [--parity-out FILE]
 
 --official is a checkout of InternLM/InternLumina-U2 (or a copy of its infer_*_sft.py, generators/ and utils/);
 its modules are imported unchanged, and `transformers` wraps the fixture tokenizer as their scripts' tokenizer.
 The scripts' main() need CUDA, so this calls the functions main() calls, with the arguments main() passes
-(generate_single_image_sft's own lines up to its generate_image_ar call are repeated here)."""
+(generate_single_image_sft's own lines up to its generate_image_ar call, and infer_video_sft.main's
+metadata and generate_text_bd call, are repeated here)."""
 
 from __future__ import annotations
 
