@@ -1,8 +1,11 @@
 """`lumina-generate` against the official generators (tests/generation/official/parity.json, written by
-official/make_fixtures.py: generate_text_bd via infer_single_turn_text, generate_image_ar via
-generate_single_image_sft's assembly) on the same tiny official-layout checkpoint, at temperature 0 and guidance
-0: text-to-image at 8 and 16 steps on a 4 x 4 grid, understanding from 4- and 5-column .pt token files and a
-.pkl of NumPy arrays, and text QA with a partial last block. Every output must be equal."""
+official/make_fixtures.py: generate_text_bd via infer_single_turn_text and via infer_video_sft's call,
+generate_image_ar via generate_single_image_sft's assembly) on the same tiny official-layout checkpoint, at
+temperature 0: text-to-image at 8 and 16 steps on a 4 x 4 grid without guidance and with cfg 3; editing a token
+file image with single and with dual guidance; understanding from 4- and 5-column .pt token files, a .pkl of
+NumPy arrays and a second, different image; text QA with a partial last block; and video understanding from an
+official video token file (through lumina's text sampler: `lumina-generate` takes no video input). Every output
+must be equal."""
 
 from __future__ import annotations
 
@@ -14,7 +17,14 @@ import torch
 from official import cases
 from official.interface import write_tiny_checkpoint
 
+from lumina.data.schema import Media, Text
+from lumina.data.token_files import read_token_file
+from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
+from lumina.generation.assets import load_model
+from lumina.generation.config import TextSamplingConfig
 from lumina.generation.run import run
+from lumina.generation.sequences import Prompt
+from lumina.generation.text import generate_text
 
 EXPECTED = json.loads((Path(__file__).parent / "official" / "parity.json").read_text())
 SYSTEM = json.loads((Path(__file__).parent / "official" / "sequences.json").read_text())["system_prompts"]
@@ -45,6 +55,11 @@ def _generate(checkpoint: Path, out: Path, overrides: list[str]) -> Path:
     return run(cfg)
 
 
+def _answer_ids(out: Path) -> list[int]:
+    (line,) = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
+    return line["ids"]
+
+
 def _text_settings(settings: dict) -> list[str]:
     return [f"text.{k}={v}" for k, v in settings.items()] + ["text.temperature=0.0"]
 
@@ -71,6 +86,47 @@ def test_text_to_image(name, checkpoint, tmp_path):
     h, w = cases.PARITY_T2I_GRID
     out = _generate(checkpoint, tmp_path, ["task=t2i", f"prompts=[{json.dumps(cases.USER['t2i'])}]", f"grid=[{h},{w}]",
                                            f"image.steps={cases.PARITY_T2I[name]}", "image.cfg_scale=0.0",
+                                           "image.temperature=0.0"])
+    codes = torch.load(out / "code_0.pt")["indices"]
+    assert codes.tolist() == EXPECTED[name]["codes"]
+
+
+def test_understanding_a_second_image(checkpoint, tmp_path):
+    first, second = EXPECTED["understand_coords4.pt"]["ids"], EXPECTED["understand_second_image"]["ids"]
+    assert first != second  # the official answer depends on the image
+    path = cases.write_second_image(tmp_path)
+    out = _generate(checkpoint, tmp_path / "out", ["task=understand",
+                                                   f"prompts=[{json.dumps(cases.USER['understand_image'])}]",
+                                                   f"images=[{path}]", *_text_settings(cases.PARITY_UNDERSTAND)])
+    assert _answer_ids(out) == second
+
+
+def test_video_understanding_from_a_token_file(checkpoint, tmp_path):
+    """The official video token file (frames last first, cells in (x, y) order) read by lumina's reader, answered by
+    `generate_text` (what lumina-generate runs for understanding) with the official video system prompt."""
+    tok = HFTokenizer(checkpoint / "tokenizer.json")
+    tokens = special_tokens_of(tok, codebook_size=4096, num_codebooks=8)
+    found = read_token_file(cases.write_video_file(tmp_path), "video")
+    assert found.grid == cases.VIDEO_GRID
+    prompt = Prompt([Media("video", found.codes, found.grid), Text(tok.encode(cases.USER["understand_video"]))],
+                    system=tok.encode(SYSTEM["understand_video"]))
+    model = load_model(checkpoint, device="cpu", dtype="float32")
+    config = TextSamplingConfig(**cases.PARITY_UNDERSTAND, temperature=0.0, seed=cases.PARITY_SEED)
+    (answer,) = generate_text(model, [prompt], tokens, config)
+    assert answer.ids == EXPECTED["understand_video_file"]["ids"]
+
+
+@pytest.mark.parametrize("name", sorted(cases.PARITY_GUIDED))
+def test_guided_image_answers(name, checkpoint, token_files, tmp_path):
+    guidance = cases.PARITY_GUIDED[name]
+    scales = [f"image.cfg_scale={guidance['cfg_scale']}", f"image.text_scale={guidance.get('cfg_text', 0.0)}",
+              f"image.image_scale={guidance.get('cfg_img', 0.0)}"]
+    if name.startswith("t2i"):
+        h, w = cases.PARITY_T2I_GRID
+        task = ["task=t2i", f"prompts=[{json.dumps(cases.USER['t2i'])}]", f"grid=[{h},{w}]"]
+    else:  # the answer takes the source's grid
+        task = ["task=edit", f"prompts=[{json.dumps(cases.USER['edit'])}]", f"images=[{token_files['coords4.pt']}]"]
+    out = _generate(checkpoint, tmp_path, [*task, f"image.steps={cases.PARITY_GUIDED_STEPS}", *scales,
                                            "image.temperature=0.0"])
     codes = torch.load(out / "code_0.pt")["indices"]
     assert codes.tolist() == EXPECTED[name]["codes"]

@@ -9,6 +9,8 @@ fillers elsewhere.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from tokenizers import AddedToken, Tokenizer
 from tokenizers.models import WordLevel
@@ -67,10 +69,16 @@ def codes(n: int, seed: int) -> torch.Tensor:
     return (torch.arange(n * 8).reshape(n, 8) * 37 + seed * 101) % 4096
 
 
-# ---- lumina-generate parity (temperature 0, guidance 0, on interface.write_tiny_checkpoint) ----
+# ---- lumina-generate parity (temperature 0, on interface.write_tiny_checkpoint) ----
 PARITY_SEED = 65513
-PARITY_T2I = {"t2i_8_steps": 8, "t2i_16_steps": 16}  # on a 4 x 4 grid
+PARITY_T2I = {"t2i_8_steps": 8, "t2i_16_steps": 16}  # on a 4 x 4 grid, guidance 0
 PARITY_T2I_GRID = (4, 4)
+# guided image answers, 8 steps each: t2i on the 4 x 4 grid; editing the understanding image (coords4.pt) on its
+# own grid, with single guidance (the official editing default scale) and with dual guidance
+PARITY_GUIDED = {"t2i_guided": {"cfg_scale": 3.0}, "edit_guided": {"cfg_scale": 1.0},
+                 "edit_dual_guided": {"cfg_scale": 0.0, "cfg_text": 1.5, "cfg_img": 0.5}}
+PARITY_GUIDED_STEPS = 8
+SECOND_IMAGE_SEED = 4  # `codes` seed of the second understanding image (the first: 1)
 PARITY_UNDERSTAND = {"gen_length": 16, "block_length": 8, "steps": 4}
 PARITY_TEXT = {"gen_length": 12, "block_length": 8, "steps": 4}  # a partial last block of 4
 
@@ -78,8 +86,6 @@ PARITY_TEXT = {"gen_length": 12, "block_length": 8, "steps": 4}  # a partial las
 def write_token_files(directory) -> dict:
     """The understanding image as three official token files: .pt with 4 and with 5 coords columns, and a .pkl
     of NumPy arrays (torch.save); rows and columns in the coords' last-but-one pair (row, col)."""
-    from pathlib import Path
-
     import numpy as np
 
     directory = Path(directory)
@@ -94,3 +100,24 @@ def write_token_files(directory) -> dict:
         paths[name] = directory / name
         torch.save(payload, paths[name])
     return paths
+
+
+def write_second_image(directory) -> Path:
+    """A second, different understanding image (codes seed SECOND_IMAGE_SEED) as a 4-column .pt token file."""
+    h, w = IMAGE_GRID
+    path = Path(directory) / "second.pt"
+    torch.save({"indices": codes(h * w, SECOND_IMAGE_SEED),
+                "coords": torch.tensor([[0, 0, r, c] for r in range(h) for c in range(w)])}, path)
+    return path
+
+
+def write_video_file(directory) -> Path:
+    """The video of the sequence cases (codes seed 2, grid VIDEO_GRID) as an official video token file: coords
+    (batch, t, x, y, z), written last frame first and in (x, y) order, so readers must sort it into (t, y, x)."""
+    t, h, w = VIDEO_GRID
+    cells = [(f, y, x) for f in reversed(range(t)) for x in range(w) for y in range(h)]
+    coords = torch.tensor([[0, f, x, y, 0] for f, y, x in cells])
+    order = torch.tensor([(f * h + y) * w + x for f, y, x in cells])
+    path = Path(directory) / "video.pt"
+    torch.save({"indices": codes(t * h * w, 2)[order], "coords": coords}, path)
+    return path

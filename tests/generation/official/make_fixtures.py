@@ -1,12 +1,15 @@
 """Write `sequences.json`: the sequences the official inference scripts build for the conversations of
-`cases.py`, as facts for lumina's tests (tests/generation/test_official_sequences.py).
+`cases.py`, as facts for lumina's tests (tests/generation/test_official_sequences.py); and `parity.json`: the
+official generators' outputs on interface.write_tiny_checkpoint (tests/generation/test_official_parity.py).
 
     python tests/generation/official/make_fixtures.py --official /path/to/InternLumina-U2 [--out FILE]
+        [--parity-out FILE]
 
 --official is a checkout of InternLM/InternLumina-U2 (or a copy of its infer_*_sft.py, generators/ and utils/);
 its modules are imported unchanged, and `transformers` wraps the fixture tokenizer as their scripts' tokenizer.
 The scripts' main() need CUDA, so this calls the functions main() calls, with the arguments main() passes
-(generate_single_image_sft's own lines up to its generate_image_ar call are repeated here)."""
+(generate_single_image_sft's own lines up to its generate_image_ar call, and infer_video_sft.main's
+metadata and generate_text_bd call, are repeated here)."""
 
 from __future__ import annotations
 
@@ -80,7 +83,7 @@ def main() -> None:
     import infer_t2i_sft as t2i
     import infer_video_sft as video
     from transformers import PreTrainedTokenizerFast
-    from utils.media_token_io import load_image_tokens_from_rclone
+    from utils.media_token_io import load_image_tokens_from_rclone, load_video_tokens_from_rclone
 
     system = official_system_prompts(mmu, video, d3, t2i)
     tok = PreTrainedTokenizerFast(tokenizer_object=cases.fixture_tokenizer(system))
@@ -120,7 +123,8 @@ def main() -> None:
     out["edit"] = image_request(t2i, tok, S["edit"], U["edit"], [(t2i.IMG_CONTEXT, image)], cases.IMAGE_GRID)
     Path(args.out).write_text(json.dumps(out, separators=(",", ":")) + "\n")
     print(f"wrote {len(out) - 1} cases to {args.out}")
-    parity = parity_outputs(tok, system, mmu, t2i, load_image_tokens_from_rclone)
+    parity = parity_outputs(tok, system, mmu, t2i, video, load_image_tokens_from_rclone,
+                            load_video_tokens_from_rclone)
     Path(args.parity_out).write_text(json.dumps(parity, indent=1) + "\n")
     print(f"wrote {len(parity)} parity outputs to {args.parity_out}")
 
@@ -132,9 +136,11 @@ def official_system_prompts(mmu, video, d3, t2i) -> dict[str, str]:
             "t2i": t2i.DEFAULT_SYSTEM_PROMPTS["t2i"], "edit": t2i.DEFAULT_SYSTEM_PROMPTS["single_edit"]}
 
 
-def parity_outputs(tok, system, mmu, t2i, load_image_tokens) -> dict:
-    """The official generators (temperature 0, guidance 0) on interface.write_tiny_checkpoint, through
-    interface.OfficialInterface: generated answer ids (cut before EOA) and image codes."""
+def parity_outputs(tok, system, mmu, t2i, video, load_image_tokens, load_video_tokens) -> dict:
+    """The official generators at temperature 0 on interface.write_tiny_checkpoint, through
+    interface.OfficialInterface: generated answer ids (cut before EOA) and image codes. Understanding as
+    infer_mmu_sft.main (infer_single_turn_text) and infer_video_sft.main (generate_text_bd on its hand-built
+    metadata); images as generate_single_image_sft (generate_image_ar; guidance 0, single or dual)."""
     from interface import OfficialInterface, write_tiny_checkpoint
 
     from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
@@ -159,32 +165,84 @@ def parity_outputs(tok, system, mmu, t2i, load_image_tokens) -> dict:
             assert iface.mask_checks > 0
             return ids.tolist()
 
-        for name, path in cases.write_token_files(tmp).items():
-            found, h, w = load_image_tokens(str(path))
-            image = mmu.add_break_line_multi_codebook(found, h, w, new_number=mmu.NEW_LINE)
-            prefix = mmu.build_sft_user_prefix(tok, S["understand"], U["understand_image"], [(mmu.IMG_CONTEXT, image)],
-                                               True, "cpu")
-            out[f"understand_{name}"] = {"ids": answer(*prefix, cases.PARITY_UNDERSTAND)}
-        prefix = mmu.build_sft_user_prefix(tok, S["text"], U["text_qa"], None, True, "cpu")
-        out["text_qa_partial_block"] = {"ids": answer(*prefix, cases.PARITY_TEXT)}
-        for name, steps in cases.PARITY_T2I.items():
-            request = image_request(t2i, tok, S["t2i"], U["t2i"], [], cases.PARITY_T2I_GRID)
+        def image(request, steps, cfg_scale=0.0, cfg_text=None, cfg_img=None) -> list:
             cond, uncond = request["cond"], request["uncond"]
             generator = torch.Generator(device="cpu")
             generator.manual_seed(cases.PARITY_SEED)
+            dual = {}
+            if cfg_text is not None:
+                dual = {"cfg_text": cfg_text, "cfg_img": cfg_img}
+                for name in ("text", "image"):
+                    branch = request[f"uncond_{name}"]
+                    dual[f"uncon_{name}_input_ids"] = torch.tensor([branch["input_ids"]])
+                    dual[f"uncon_{name}_type_position_ids"] = torch.tensor([branch["type_ids"]])
+                    dual[f"uncon_{name}_user_prefix_len"] = branch["user_prefix_len"]
             iface = OfficialInterface(model, tokens)
             vq = t2i.generate_image_ar(
                 iface, input_ids=torch.tensor([cond["input_ids"]]), uncon_input_ids=torch.tensor([uncond["input_ids"]]),
                 type_position_ids=torch.tensor([cond["type_ids"]]),
                 uncon_type_position_ids=torch.tensor([uncond["type_ids"]]), timesteps=steps,
-                mask_token_id=t2i.IMAGE_MASK_ID, newline_id=t2i.NEW_LINE, temperature=0.0, cfg_scale=0.0,
+                mask_token_id=t2i.IMAGE_MASK_ID, newline_id=t2i.NEW_LINE, temperature=0.0, cfg_scale=cfg_scale,
                 code_start=cond["media_region_start"], user_prefix_len=cond["user_prefix_len"],
                 media_region_start=cond["media_region_start"], uncon_user_prefix_len=uncond["user_prefix_len"],
-                uncon_media_region_start=uncond["media_region_start"], generator=generator)
+                uncon_media_region_start=uncond["media_region_start"], generator=generator, **dual)
             assert iface.mask_checks > 0
-            out[name] = {"codes": vq[0].tolist()}
+            return vq[0].tolist()
+
+        def understand_image(path) -> list[int]:
+            found, h, w = load_image_tokens(str(path))
+            rows_ = mmu.add_break_line_multi_codebook(found, h, w, new_number=mmu.NEW_LINE)
+            prefix = mmu.build_sft_user_prefix(tok, S["understand"], U["understand_image"],
+                                               [(mmu.IMG_CONTEXT, rows_)], True, "cpu")
+            return answer(*prefix, cases.PARITY_UNDERSTAND)
+
+        token_files = cases.write_token_files(tmp)
+        for name, path in token_files.items():
+            out[f"understand_{name}"] = {"ids": understand_image(path)}
+        out["understand_second_image"] = {"ids": understand_image(cases.write_second_image(tmp))}
+        prefix = mmu.build_sft_user_prefix(tok, S["text"], U["text_qa"], None, True, "cpu")
+        out["text_qa_partial_block"] = {"ids": answer(*prefix, cases.PARITY_TEXT)}
+        out["understand_video_file"] = {"ids": video_answer(model, tokens, tok, S, video, load_video_tokens, tmp)}
+        for name, steps in cases.PARITY_T2I.items():
+            request = image_request(t2i, tok, S["t2i"], U["t2i"], [], cases.PARITY_T2I_GRID)
+            out[name] = {"codes": image(request, steps)}
+        source, h, w = load_image_tokens(str(token_files["coords4.pt"]))
+        source = t2i.add_break_line_multi_codebook(source, h, w, new_number=t2i.NEW_LINE)
+        for name, guidance in cases.PARITY_GUIDED.items():
+            if name.startswith("t2i"):
+                request = image_request(t2i, tok, S["t2i"], U["t2i"], [], cases.PARITY_T2I_GRID)
+            else:  # resolve_output_image_size: an edit's answer has its source's grid
+                request = image_request(t2i, tok, S["edit"], U["edit"], [(t2i.IMG_CONTEXT, source)], (h, w))
+            out[name] = {"codes": image(request, cases.PARITY_GUIDED_STEPS, **guidance)}
     return out
 
+
+def video_answer(model, tokens, tok, system, video, load_video_tokens, tmp) -> list[int]:
+    """infer_video_sft.main on cases.write_video_file: its prefix + BOA with the metadata main builds by hand
+    (prefix turn 0 clean, BOA turn 1 noisy at position plen), then its generate_text_bd call."""
+    from interface import OfficialInterface
+
+    settings = cases.PARITY_UNDERSTAND
+    found, coords, t, h, w = load_video_tokens(str(cases.write_video_file(tmp)))
+    rows_ = video.add_break_line_multi_codebook_video(found, coords, t, h, w, new_number=video.LINE_VIDEO,
+                                                      frame_end_number=video.FRAME_VIDEO)
+    prefix, types = video.build_sft_video_prefix(tok, system["understand_video"], cases.USER["understand_video"],
+                                                 rows_, "cpu")
+    plen = int(prefix.shape[0])
+    one = torch.ones(1, dtype=torch.long)
+    iface = OfficialInterface(model, tokens, settings["block_length"])
+    ids = video.generate_text_bd(
+        iface, prefix_tokens=torch.cat([prefix, video.make_special_2d(video.BOA, "cpu")]),
+        prefix_type_ids=torch.cat([types, one * video.TYPE_TEXT_OR_SPECIAL]), gen_length=settings["gen_length"],
+        block_length=settings["block_length"], steps_per_block=settings["steps"], temperature=0.0, cfg_scale=0.0,
+        remasking="low_confidence", mask_id=video.MASK, answer_type_id=video.TYPE_TEXT_ANSWER,
+        early_stop_tokens=[video.EOA], prefix_turn_ids=torch.cat([torch.zeros(plen, dtype=torch.long), one]),
+        prefix_block_ids=torch.cat([torch.full((plen,), -1, dtype=torch.long), 0 * one]),
+        prefix_is_clean=torch.cat([torch.ones(plen, dtype=torch.long), 0 * one]),
+        prefix_position_ids=torch.arange(plen + 1), generated_turn_id=1, generated_position_start=plen + 1,
+        require_meta_mask=True)
+    assert iface.mask_checks > 0
+    return ids.tolist()
 
 if __name__ == "__main__":
     main()
