@@ -121,7 +121,7 @@ def test_cli_never_overwrites_or_mixes_an_output(split_dir: Path, tmp_path: Path
     with pytest.raises(SystemExit) as exit_info:
         main([str(split_dir), str(out), "--layout", "fused"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 1 and len(err) == 1 and err[0].startswith("lumina-convert: error:")
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("lumina-convert: error:")
     assert str(out) in err[0] and "not empty" in err[0] and "--overwrite" in err[0]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     main([str(split_dir), str(out), "--layout", "fused", "--max-shard-size", "1GB", "--overwrite"])

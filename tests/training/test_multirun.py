@@ -10,7 +10,7 @@ from train_helpers import CONF_DIR, run_cli
 
 def test_glob_sweep_composes_every_ablation_as_one_job(tmp_path):
     ablations = sorted(p.stem for p in (CONF_DIR / "experiment").glob("ablation_*.yaml"))
-    assert len(ablations) == 8
+    assert len(ablations) == 12  # six pairs: attention, balance, text weight, router, head, schedule
     result = run_cli(["-m", "experiment=glob(ablation_*)", "trainer.max_steps=0", f"hydra.sweep.dir={tmp_path}"],
                      cwd=tmp_path)
     jobs = sorted(p for p in tmp_path.iterdir() if (p / ".hydra" / "overrides.yaml").is_file())
@@ -22,4 +22,4 @@ def test_glob_sweep_composes_every_ablation_as_one_job(tmp_path):
         assert config.trainer.val_check_interval == 50  # experiment/ablation/base.yaml
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2
-    assert len(errors) == 8 and all(line.startswith("lumina-train: error: trainer.max_steps=0:") for line in errors)
+    assert len(errors) == len(ablations) and all(line.startswith("lumina-train: error: trainer.max_steps=0:") for line in errors)
