@@ -1,7 +1,8 @@
 """`PackedBatch`: the one micro-batch contract between the data pipeline, the model and the samplers.
 
 One pack per micro-batch (B = 1). Shapes after normalisation:
-    input_ids, labels            [1, S, C] int64 (labels -100 where unsupervised; labels may be None)
+    input_ids, labels            [1, S, C] int64 (labels -100 where unsupervised; labels may be None; labels'
+                                 values are checked where they enter the model: `check_labels`)
     type_ids, turn_ids,
     block_ids, position_ids      [1, S] int64
     is_clean, token_valid        [1, S] bool
@@ -111,6 +112,19 @@ def as_token_grid(name: str, t: torch.Tensor, seq_len: int) -> torch.Tensor:
     raise ValueError(f"{name} has shape {list(t.shape)}; expected [1, S, C] with S={seq_len}")
 
 
+def as_labels(labels: torch.Tensor, seq_len: int, num_cols: int) -> torch.Tensor:
+    """Labels to [1, S, C] int64, the one shape normalisation of labels. Accepts what `as_token_grid` does;
+    a one-column (legacy text-only) label fills column 0 and the other C - 1 columns become IGNORE_INDEX."""
+    labels = as_token_grid("labels", labels, seq_len)
+    if labels.shape[-1] == num_cols:
+        return labels
+    if labels.shape[-1] != 1:
+        raise ValueError(f"labels has {labels.shape[-1]} columns, input_ids has {num_cols} (or pass 1 column)")
+    full = labels.new_full((1, seq_len, num_cols), IGNORE_INDEX)
+    full[..., 0] = labels[..., 0]
+    return full
+
+
 def as_bool_row(name: str, t: torch.Tensor, seq_len: int) -> torch.Tensor:
     t = as_row(name, t, seq_len)
     if t.dtype == torch.bool:
@@ -150,10 +164,7 @@ class PackedBatch:
         self.is_clean = as_bool_row("is_clean", self.is_clean, seq_len)
         self.token_valid = as_bool_row("token_valid", self.token_valid, seq_len)
         if self.labels is not None:
-            self.labels = as_token_grid("labels", self.labels, seq_len)
-            if self.labels.shape[-1] not in (1, self.input_ids.shape[-1]):
-                raise ValueError(f"labels has {self.labels.shape[-1]} columns, input_ids has "
-                                 f"{self.input_ids.shape[-1]}")
+            self.labels = as_labels(self.labels, seq_len, self.input_ids.shape[-1])
         if self.noise_t is None:
             self.noise_t = torch.zeros(1, seq_len, dtype=torch.float32, device=self.type_ids.device)
         self.noise_t = as_row("noise_t", self.noise_t, seq_len).float()

@@ -9,7 +9,7 @@ from torch import nn
 
 from lumina.attention import AttentionSpec, build_spec
 from lumina.data.batch import PackedBatch
-from lumina.data.roles import IGNORE_INDEX, TokenType
+from lumina.data.roles import TokenType
 from lumina.model.backbone import Backbone
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads
@@ -18,7 +18,7 @@ from lumina.model.layers import check_finite
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
 from lumina.model.routers import PackRows
-from lumina.model.supervision import supervised_rows
+from lumina.model.supervision import check_labels
 
 
 class LuminaModel(nn.Module):
@@ -91,7 +91,7 @@ class LuminaModel(nn.Module):
     def select_rows(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (text_rows [Nt], image_rows [Ni], teacher-forcing codes [Ni or 0, C]) as flat row indices.
 
-        With labels: `supervised_rows` (all C labels of an image row must then be valid codes). Without labels:
+        With labels: `check_labels`, the one check of the labels' values in a step. Without labels:
         the candidates are `batch.query_rows` (all rows if None); text rows are those of type != 4, image rows
         those of type 4, and there are no teacher-forcing codes."""
         cfg = self.config
@@ -104,29 +104,9 @@ class LuminaModel(nn.Module):
                 raise ValueError(f"query_rows out of range [0, {types.numel()}): {rows[:8].tolist()}")
             is_image = types[rows] == TokenType.IMAGE_ANSWER
             return rows[~is_image], rows[is_image], batch.input_ids.new_zeros(0, n_codebooks)
+        text_rows, image_rows = check_labels(batch, cfg.vocab_size, cfg.codebook_size, n_codebooks)
         labels = batch.labels.reshape(types.numel(), -1)
-        labelled = (labels != IGNORE_INDEX).any(dim=1)
-        wrong_type = labelled & (types != TokenType.TEXT_ANSWER) & (types != TokenType.IMAGE_ANSWER)
-        text_rows, image_rows = supervised_rows(batch)
-        if image_rows.numel() and labels.shape[1] != n_codebooks:
-            raise ValueError(f"labels has {labels.shape[1]} column(s) but type-4 rows are labelled; image labels "
-                             f"need num_codebooks={n_codebooks} columns")
-        text_labels = labels[text_rows, 0]
-        codes = labels[image_rows] if labels.shape[1] == n_codebooks else labels.new_zeros(0, n_codebooks)
-        bad_text = (text_labels < 0) | (text_labels >= cfg.vocab_size)
-        negative, too_big = codes < 0, codes >= cfg.codebook_size
-        flags = torch.stack([wrong_type.any(), bad_text.any(), negative.any(), too_big.any()]).tolist()  # one sync
-        if flags[0]:
-            raise ValueError(f"labels: rows {wrong_type.nonzero().squeeze(1)[:8].tolist()} carry labels but have "
-                             f"type_ids not in (3, 4); only text (3) and image (4) answers are supervised")
-        if flags[1]:
-            raise ValueError(f"labels: text labels outside [0, {cfg.vocab_size}): {text_labels[bad_text][:8].tolist()}")
-        if flags[2]:
-            raise ValueError("labels: valid image labels must be non-negative (all codebooks of a supervised "
-                             f"type-4 row), got rows {image_rows[negative.any(1)][:8].tolist()}")
-        if flags[3]:
-            raise ValueError(f"labels: image labels must be < codebook_size={cfg.codebook_size}, got "
-                             f"{codes[too_big][:8].tolist()}")
+        codes = labels[image_rows] if image_rows.numel() else labels.new_zeros(0, n_codebooks)
         return text_rows, image_rows, codes
 
     def forward(self, batch: PackedBatch) -> LuminaOutput:

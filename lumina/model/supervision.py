@@ -1,4 +1,4 @@
-"""Which rows of a pack the heads supervise (`supervised_rows`), and `PackRows`, the one count of a pack that
+"""Which rows of a pack the heads supervise and the one check of its labels (`check_labels`), and `PackRows`, the one count of a pack that
 the model's FLOPs, the throughput callback and the memory estimate read.
 
 The rule (official contract 5.2/5.3): a text-answer row (type 3) is supervised when its column-0 label is
@@ -23,10 +23,50 @@ def _supervised(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return text, image
 
 
-def supervised_rows(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """A labelled batch -> (text rows [Nt], image rows [Ni]) as flat row indices b * S + s."""
+def check_labels(batch: PackedBatch, vocab_size: int, codebook_size: int,
+                 num_codebooks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one check of a labelled batch's label values, where they enter a step (`LuminaModel.forward`).
+    -> (text rows [Nt], image rows [Ni]) as flat row indices b * S + s.
+
+    labels [B, S, C] (shape normalised by `PackedBatch`). A supervised type-3 row needs its column-0 target
+    in [0, vocab_size); a supervised type-4 row all C labels in [0, codebook_size) with C = num_codebooks;
+    no other row may carry labels, nor a type-3 row outside column 0, nor a row with token_valid false.
+    Raises ValueError naming the first bad row and its labels. Costs one host sync."""
+    types = batch.type_ids.reshape(-1)
+    flat = batch.labels.reshape(types.numel(), -1)
     text, image = _supervised(batch)
+    labelled = (flat != IGNORE_INDEX).any(-1)
+    checks = {
+        "other_type": labelled & (types != TokenType.TEXT_ANSWER) & (types != TokenType.IMAGE_ANSWER),
+        "text_column": labelled & (types == TokenType.TEXT_ANSWER) & (flat[:, 0] == IGNORE_INDEX),
+        "invalid_token": (text | image) & ~batch.token_valid.reshape(-1),
+        "text_range": text & ((flat[:, 0] < 0) | (flat[:, 0] >= vocab_size)),
+        "image_range": image & ((flat < 0) | (flat >= codebook_size)).any(-1),
+        "image_columns": image & (flat.shape[1] != num_codebooks),
+    }
+    failed = torch.stack([mask.any() for mask in checks.values()]).tolist()  # the one host sync
+    for (name, mask), bad in zip(checks.items(), failed, strict=True):
+        if bad:
+            row = int(mask.nonzero()[0, 0])
+            where = (f"labels row {row} (b={row // batch.labels.shape[1]}, s={row % batch.labels.shape[1]}, "
+                     f"type {int(types[row])}) = {flat[row].tolist()}")
+            why = _LABEL_ERRORS[name].format(vocab_size=vocab_size, codebook_size=codebook_size,
+                                             num_codebooks=num_codebooks)
+            raise ValueError(f"{where}: {why}")
     return text.nonzero().squeeze(1), image.nonzero().squeeze(1)
+
+
+_LABEL_ERRORS = {
+    "other_type": "only type-3 (text answer) and type-4 (image answer) rows may carry labels other than -100",
+    "text_column": ("a type-3 (text answer) row's target is column 0, which is -100 while other columns are "
+                    "labelled (the label would be dropped)"),
+    "invalid_token": "supervised row has token_valid false",
+    "text_range": "text target (column 0) must lie in [0, vocab_size={vocab_size}) or be -100",
+    "image_range": ("a supervised image row needs all codebook labels in [0, codebook_size={codebook_size}) "
+                    "(valid image labels must be non-negative, all C of them; legacy one-column labels cannot "
+                    "supervise images)"),
+    "image_columns": "a supervised image row needs num_codebooks={num_codebooks} label columns",
+}
 
 
 def is_image_code_row(type_ids: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,8 @@ class ObjectiveConfig:
     text_weighting: "none" (w = 1, N_txt = supervised text tokens) or "inverse_t" (w(t) the masking schedule's
                     ELBO weight at the row's noise time t, 1/t for the official schedule; N_txt = text answer
                     tokens, masked or not).
-    validate:       check labels against the output's rows and the row types (one host sync per call).
+    validate:       with inverse_t, check noise_t > 0 and answer_mask at the supervised text rows (one host
+                    sync per call). The labels themselves are checked once, by the model's forward.
     """
 
     text_weight: float = 1.0

@@ -27,7 +27,7 @@ from lumina.model.routers import MoERouter
 from lumina.objective.balance import ProbsFn, balance_loss, expert_load, softmax_probs
 from lumina.objective.config import ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases
-from lumina.objective.labels import gather_targets, normalize_labels, validate_supervision
+from lumina.objective.labels import check_inverse_t_rows, gather_targets
 from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
 
@@ -79,14 +79,10 @@ class LuminaObjective(nn.Module):
         cfg = self.config
         if batch.labels is None:
             raise ValueError("batch.labels is None; the objective needs labels")
-        labels = normalize_labels(batch.labels, batch.input_ids)
         inverse_t = cfg.text_weighting == "inverse_t"
-        if cfg.validate:
-            validate_supervision(
-                labels, batch.type_ids, batch.token_valid, output.text_rows, output.image_rows,
-                vocab_size=output.heads.vocab_size, codebook_size=output.heads.codebook_size,
-                noise_t=batch.noise_t if inverse_t else None, answer_mask=batch.answer_mask if inverse_t else None)
-        targets = gather_targets(labels, output.text_rows, output.image_rows)
+        if cfg.validate and inverse_t:
+            check_inverse_t_rows(output.text_rows, batch.noise_t, batch.answer_mask)
+        targets = gather_targets(batch.labels, output.text_rows, output.image_rows)
         text_rows = output.text_rows.long()
         device = targets.text.device
 

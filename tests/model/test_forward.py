@@ -68,10 +68,11 @@ def test_text_only_batch_with_one_id_column(tiny_model: LuminaModel) -> None:
 
 
 @pytest.mark.parametrize(("row", "col", "value", "match"), [
-    (8, 2, -5, "image labels must be non-negative"),
-    (8, 1, 64, "codebook_size=64"),
-    (4, 0, 512, r"text labels outside \[0, 512\)"),
-    (0, 0, 7, r"type_ids not in \(3, 4\)"),
+    (8, 2, -5, r"labels row 8 .*type 4\) = \[\d+, \d+, -5, \d+\].*image labels must be non-negative"),
+    (8, 1, 64, r"labels row 8 .*= \[\d+, 64, \d+, \d+\].*codebook_size=64"),
+    (4, 0, 512, r"labels row 4 .*type 3\) = \[512, -100, -100, -100\].*\[0, vocab_size=512\)"),
+    (0, 0, 7, r"labels row 0 .*type 1\) = \[7, -100, -100, -100\]: only type-3"),
+    (2, 1, 7, r"labels row 2 .*type 2\).*only type-3"),
 ])
 def test_bad_labels_raise_naming_labels(tiny_model: LuminaModel, row: int, col: int, value: int,
                                         match: str) -> None:

@@ -10,7 +10,7 @@ from objective_dist_worker import Segment, build_model, make_pack
 
 from lumina.model.linear_ce import CHUNK_BYTES, auto_chunk_rows, linear_cross_entropy
 from lumina.objective import LuminaObjective, ObjectiveConfig
-from lumina.objective.labels import gather_targets, normalize_labels
+from lumina.objective.labels import gather_targets
 
 CHUNKS = [1, 3, 7, 1000, 0]  # N = 7 rows below; 0 = auto
 
@@ -94,8 +94,7 @@ def test_auto_chunk_keeps_a_chunk_of_logits_within_its_byte_budget() -> None:
 
 def _full_logits_objective(output, batch, config: ObjectiveConfig) -> torch.Tensor:
     """The objective's head terms as computed before the fused losses: full fp32 logits, F.cross_entropy."""
-    labels = normalize_labels(batch.labels, batch.input_ids)
-    targets = gather_targets(labels, output.text_rows, output.image_rows)
+    targets = gather_targets(batch.labels, output.text_rows, output.image_rows)
     text_logits = output.heads.text_logits(output.text_states).float()
     text_ce = F.cross_entropy(text_logits, targets.text, reduction="none")
     num_text = output.text_rows.numel()
