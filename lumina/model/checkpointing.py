@@ -1,14 +1,11 @@
 """Activation checkpointing (`LuminaConfig.gradient_checkpointing`), applied to a built model from outside its
-code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on recompute. The
-model's own code is plain; the training build (`LuminaModule.configure_model`) applies the config's policy.
+code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on recompute.
 
 A recompute could select other experts than the forward did (another kernel, bf16 reductions, an expert bias
-changed in between); the dispatch would then split tokens differently from the saved activations.
-`Checkpointer` runs a function under non-reentrant `torch.utils.checkpoint` with a `RoutingTape` per call:
-the forward records the top-k ids of every router the call runs, the recompute replays them in the same
-order. In both passes each router recomputes its weights from its logits at the final ids
-(`MoERouter.weigh`), so both passes build the same graph and the gradients equal those of the `none` policy
-bit for bit, on one device or under FSDP2, whatever the router.
+changed in between) and split the tokens differently from the saved activations. `Checkpointer` gives each
+checkpointed call a `RoutingTape`: the forward records the top-k ids of every router it runs, the recompute
+replays them in order, and both passes recompute the weights from the logits at those ids (`MoERouter.weigh`),
+so the gradients equal those of the `none` policy bit for bit, on one device or under FSDP2.
 """
 
 from __future__ import annotations
@@ -34,10 +31,6 @@ class RoutingTape:
         self.ids: list[torch.Tensor] = []
         self.cursor: int | None = None  # None while recording; else the next entry to replay
 
-    def rewind(self) -> None:
-        """Start replaying from the first recorded entry (each recompute replays the whole tape)."""
-        self.cursor = 0
-
     def take(self, ids: torch.Tensor) -> torch.Tensor:
         """Record `ids` [T, k] (forward) or return the recorded ids in their place (recompute)."""
         if self.cursor is None:
@@ -60,7 +53,7 @@ class _TapeContext:
 
     def __enter__(self) -> None:
         if self.replay:
-            self.tape.rewind()
+            self.tape.cursor = 0  # each recompute replays the whole tape
         self.previous, self.owner.tape = self.owner.tape, self.tape
 
     def __exit__(self, *exc: object) -> None:
@@ -85,9 +78,7 @@ class Checkpointer:
         return _TapeContext(self, tape, replay=False), _TapeContext(self, tape, replay=True)
 
     def _route(self, router: MoERouter, args: object, routing: Routing) -> Routing | None:
-        """Router forward hook: the recorded ids in a recompute, the weights re-gathered in both passes. Outside
-        a checkpointed call it returns None; inside, the tape's Python state is read by `_replay`, never
-        compiled (`lumina.model.compile`)."""
+        """Router forward hook: None outside a checkpointed call; inside, `_replay` (never compiled)."""
         if self.tape is None:
             return None
         return self._replay(router, routing)

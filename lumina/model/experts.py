@@ -1,19 +1,12 @@
 """Routed experts with fused parameters (`mlp.experts.{gate,up,down}_proj`, no `.weight` suffix):
 `gate_proj`/`up_proj` [E, I, H], `down_proj` [E, H, I].
 
-One computation, the SwiGLU of each expert over expert-sorted rows, in two forms:
-
-- `reference_swiglu`: one matmul per expert, autograd's own backward (the readable reference; backend "loop",
-  and where `torch._grouped_mm` cannot run: dtype, alignment, device);
-- the fused form (backend "grouped_mm"): three `torch._grouped_mm` calls forward, `_swiglu_backward` backward.
-  It saves the rows, gate x and up x only (the hidden product is recomputed elementwise) and writes the
-  gradients of gate x and up x into those saved tensors.
-
-Two callers: `grouped_swiglu` takes rows already sorted by expert (the expert-parallel path, after its
-all-to-all); `routed_swiglu` takes the T tokens and their `RoutedCopies` (the local path): gather -> SwiGLU ->
-weighted combine in one Function that keeps no [T*k, H] tensor for the backward. The combine's weight
-gradient has one formula, `combine_weight_grad`, used by the fused path and by `combine_copies` (the
-expert-parallel path and the reference)."""
+The SwiGLU of each expert over expert-sorted rows has two forms: `reference_swiglu` (one matmul per expert,
+autograd's backward; backend "loop", and wherever `torch._grouped_mm` cannot run) and the fused form (backend
+"grouped_mm": three `torch._grouped_mm` calls, `_swiglu_backward` saving only the rows, gate x and up x, and
+overwriting the latter two with their gradients). `grouped_swiglu` takes rows already sorted by expert (the
+expert-parallel path); `routed_swiglu` takes the T tokens and their `RoutedCopies` and gathers, computes and
+combines in one Function that keeps no [T*k, H] tensor (the local path)."""
 
 from __future__ import annotations
 
@@ -93,9 +86,7 @@ def combine_weight_grad(grad_out: torch.Tensor, out: torch.Tensor, order: torch.
 
 
 class _Combine(torch.autograd.Function):
-    """(rows [T*k, H] sorted by expert, weights fp32 [T, k]) -> sum_s w[t, s] * rows[inverse[t*k + s]] [T, H],
-    weighted and summed in fp32, returned in rows' dtype. Saves rows in their own dtype (no fp32 copy).
-    Backward works in the rows' order: grad_rows[n] = w[order[n]] * grad[order[n] // k] (no scatter)."""
+    """`combine_copies`; saves rows in their own dtype (no fp32 copy), backward in the rows' order (no scatter)."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,  # noqa: ANN001
@@ -151,13 +142,10 @@ def _swiglu_backward(grad: torch.Tensor, x: torch.Tensor, index: torch.Tensor | 
                      up: torch.Tensor, down: torch.Tensor, offsets: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
                      needs: tuple[bool, ...], order: torch.Tensor | None = None,
                      weights: torch.Tensor | None = None) -> list[torch.Tensor | None]:
-    """Gradients of (rows, weights, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y, each row n scaled
-    by weights [T, k] at copy order[n] when given, from grad[index] (or grad) [N, H], the gradient of the
-    unscaled rows' output. Overwrites g and u. One H-wide buffer holds the rows' gradient, then the rows (gathered into it);
-    the hidden product's buffer then holds the gradient of silu(gate x): no fresh tensor for either.
-
-    The weight gradient `combine_weight_grad` <grad_y, y_n> is taken as <down_e^T grad_y, hidden_n> (no y
-    kept); the row weight is applied to the I-wide tensors, never to an H-wide one."""
+    """Gradients of (rows, weights, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y from grad[index]
+    (or grad) [N, H], each row n scaled by weights [T, k] at copy order[n] when given (on the I-wide tensors
+    only; the weight gradient is <down_e^T grad_y, hidden_n>, no y kept). Overwrites g and u; reuses the
+    buffers of grad_y and the hidden product instead of allocating new ones."""
     need_rows, need_w, need_gate, need_up, need_down = needs
     grad_w = grad_gate = grad_up = grad_down = grad_rows = hidden = None
     row_weight = None if weights is None else row_weights(weights, order)  # [N, 1]
@@ -239,13 +227,9 @@ class RoutedCopies:
 
 
 class _RoutedSwiGLU(torch.autograd.Function):
-    """x [T, H] -> sum_s w[t, s] * down_e(silu(gate_e x_t) * up_e x_t) [T, H], e = the expert of copy (t, s):
-    gather, `_swiglu_forward`, weighted combine (in the accumulation dtype, through the inverse permutation:
-    deterministic).
-
-    Saves x (the layer keeps it anyway), the weights, the order, gate x and up x [T*k, I]; the gathered rows
-    are re-gathered from x in the backward, the expert outputs are not kept. Recomputable under non-reentrant
-    checkpointing (the saved tensors are deterministic given the routing)."""
+    """`routed_swiglu`'s fused form: gather, `_swiglu_forward`, deterministic weighted combine. Saves x, the
+    weights, the order, gate x and up x [T*k, I] (rows are re-gathered in the backward, the expert outputs
+    not kept); recomputable under non-reentrant checkpointing."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,  # noqa: ANN001

@@ -29,6 +29,12 @@ def supervised_rows(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return text.nonzero().squeeze(1), image.nonzero().squeeze(1)
 
 
+def segment_lengths(batch: PackedBatch) -> list[int]:
+    """The pack's segment lengths (from seg_bounds, else one host read of cu_seqlens)."""
+    bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
+    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 def is_image_code_row(type_ids: torch.Tensor) -> torch.Tensor:
     """type_ids [...] -> bool [...]: rows whose C columns are image codes (types 2 and 4)."""
     return (type_ids == IMAGE_CODE_TYPES[0]) | (type_ids == IMAGE_CODE_TYPES[1])
@@ -73,9 +79,8 @@ class PackRows:
         """The counts of a batch (no supervised rows without labels), as `LuminaModel.forward` selects them."""
         text, image = _supervised(batch) if batch.labels is not None else (batch.type_ids.new_zeros(0),) * 2
         inputs = is_image_code_row(batch.type_ids)
-        bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
         positions = batch.type_ids.numel()
-        squares = sum((stop - start) ** 2 for start, stop in zip(bounds, bounds[1:], strict=False))
+        squares = sum(length * length for length in segment_lengths(batch))
         text, image, inputs = torch.stack([text.sum(), image.sum(), inputs.sum()]).tolist()
         return cls(positions, text, image, inputs, max(1, squares // positions))
 
