@@ -2,19 +2,15 @@
 
 Per MoE layer, with T valid tokens, k experts per token and E experts:
     f_i = count_i / (T * k)                  count_i = times expert i is in a valid token's top-k
-    P_i = mean over valid tokens of p_i      p = the router's `balance_probs(logits)`    (p_source "router";
-                                                 the sigmoid router's: s / sum_j s_j, s = sigmoid(logits))
-                                             p = softmax(logits)                        ("softmax", official 5.5)
+    P_i = mean over valid tokens of p_i      p = the router's `balance_probs(logits)` (p_source "router")
+                                               or softmax(logits) ("softmax", official 5.5)
     layer loss = E * sum_i f_i * P_i;  the loss is the mean over layers (times a coefficient, applied outside).
 
-Scope "batch" takes f and P over all valid tokens of the pack; scope "sequence" (DeepSeek-V3's sequence-wise
-balance loss) takes them over each packed segment (sample) and averages the segment losses, so every sample
-has to spread its own tokens instead of the pack averaging one sample's collapse against another's.
-
-With sequence parallelism a pack's tokens are spread over the ranks of `group`: the token and selection
-counts are summed over the group, each rank's P_i sums its own tokens' p_i over the global token count, and
-each rank returns its share times the group size, so the ranks' mean (what gradient averaging takes) is the
-loss of the whole pack.
+Scope "batch" takes f and P over the pack's valid tokens; "sequence" (DeepSeek-V3's sequence-wise loss) per
+packed segment, averaging the segment losses, so every sample has to spread its own tokens.
+Under sequence parallelism the token and selection counts are summed over `group`, each rank's P_i sums its
+own tokens' p_i over the global token count, and each rank returns its share times the group size: the
+ranks' mean (what gradient averaging takes) is the loss of the whole pack.
 """
 
 from __future__ import annotations

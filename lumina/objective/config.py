@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 TEXT_WEIGHTINGS = ("none", "inverse_t")
 P_SOURCES = ("router", "softmax")
@@ -22,7 +20,7 @@ class BalanceConfig:
                  loss: f and P per packed segment, the segment losses averaged).
     p_source:    "router" (P from the router's own `balance_probs`: for the sigmoid router its normalised
                  sigmoid scores, what routing uses) or "softmax" (P from softmax(router_logits), the official
-                 `load_balancing_loss_func`). ("sigmoid" was renamed "router".)
+                 `load_balancing_loss_func`).
     bias_update: switch the sign-rule expert-bias update on (applied once per optimizer step).
     bias_rate:   step size of that update.
     selection_noise: std of the Gaussian noise each router adds to its biased scores when it selects experts
@@ -78,9 +76,6 @@ class ObjectiveConfig:
             self.balance = BalanceConfig(**dict(self.balance))
         if not isinstance(self.balance, BalanceConfig):
             raise ValueError(f"ObjectiveConfig.balance={self.balance!r}: expected a BalanceConfig or a mapping")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _check_non_negative(name: str, value: float) -> None:

@@ -1,6 +1,4 @@
-"""`LuminaObjective`: LuminaOutput + PackedBatch -> the global-token-normalised training loss.
-
-    L = text_weight * sum(w(t) CE_text) / N_txt + image_weight * sum_cells(mean_c CE_c) / N_img + balance
+"""`LuminaObjective`: LuminaOutput + PackedBatch -> the training loss `ObjectiveConfig` states.
 
 Each N is summed over the data-parallel ranks with one all_reduce; each rank's loss is
 sum_local / N_global * world_size, so the mean over ranks that DDP/FSDP gradient averaging takes equals
@@ -112,7 +110,8 @@ class LuminaObjective(nn.Module):
                                  (image_scale / num_codebooks).expand(targets.image.shape[0]))
         text_loss, image_loss = text.total, image.total
 
-        load = expert_load(output.router_topk_ids, batch.token_valid, _num_experts(output))
+        num_experts = output.router_logits[0].shape[-1] if output.router_logits else 0
+        load = expert_load(output.router_topk_ids, batch.token_valid, num_experts)
         if cfg.balance.aux_coef > 0:
             segments = {}
             if cfg.balance.aux_scope == "sequence":
@@ -171,9 +170,3 @@ class LuminaObjective(nn.Module):
             return None
         self.bias_updater.rate = self.config.balance.bias_rate
         return self.bias_updater.apply(find_expert_biases(model))
-
-
-def _num_experts(output: ModelOutput) -> int:
-    if output.router_logits:
-        return output.router_logits[0].shape[-1]
-    return 0
