@@ -1,19 +1,8 @@
 """`apply_compile`: `torch.compile` each decoder layer and the channel head of a built `LuminaModel`, in place
-(per block, as torchtitan's `apply_compile`): the modules keep their state-dict keys and their hooks (FSDP2's
-unshard, the participation tracker) run outside the compiled code, because only methods are replaced on the
-instances: `forward`, and the FFN and channel-blocks seams that checkpointing wraps.
-
-Graph breaks that remain, each where a pack's host facts decide the work:
-- the attention core (`lumina.attention.attend`, sequence parallelism's all-to-all around it): per-segment
-  calls planned from the spec's bounds;
-- the routed experts (`MoE.run_experts`, local or expert-parallel): per-expert counts decide the GEMM groups
-  and the all-to-all splits;
-- under activation checkpointing, the routers' record / replay of their top-k (`Checkpointer`'s hook state)
-  and the checkpointed call itself (`full`: around the compiled layer; `selective`: the compiled layer calls
-  the checkpointed, separately compiled `ffn`).
-Between them the compiler fuses the norms, RoPE, the SwiGLU gates, the routers' scoring and top-k, the
-channel head's LayerNorm / adaLN / GELU. The channel head's row count varies from pack to pack and is
-compiled dynamic from the first call; the decoder layers see [B, S, H] (S fixed by the data config)."""
+(per block, as torchtitan's `apply_compile`): only methods are replaced on the instances (`forward`, and the
+FFN and channel-blocks seams that checkpointing wraps), so the modules keep their state-dict keys and their
+hooks (FSDP2's unshard, the participation tracker) run outside the compiled code. The graph breaks that
+remain (attention core, routed experts, the checkpointing router replay) and why: experiments/compile.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """The MoE router's contract (`MoERouter`), its output (`Routing`) and the registry of routers by name
-(`ROUTERS`; `LuminaConfig.score_function` names one, "sigmoid" is the released model's).
-
-A router is `mlp.gate` of an MoE layer. Everything the rest of lumina needs from it is a method here:
-    forward(x [T, H], pack) -> Routing       logits fp32 [T, E], top-k ids [T, k], combine weights fp32 [T, k]
-    weigh(logits [T, E], ids [T, k])        -> the combine weights of `ids` recomputed from the logits alone
-                                               (activation checkpointing replays the ids and calls this)
-    balance_probs(logits [..., E])          -> per-token expert probabilities [..., E] for the balance loss
-    set_selection_noise(std)                   training-mode noise on the scores it selects on (0 = none)
-    selection_bias()                        -> the [E] buffer the sign-rule update moves, or None
-    BUFFER_DTYPES                              persistent [E] buffers kept in a fixed dtype (the fp32 bias);
-                                               checkpoints name them `mlp.gate.<name>`
-A new router is one module in this package registering its class with `@ROUTERS.register("name")`.
+(`ROUTERS`; `LuminaConfig.score_function` names one, "sigmoid" is the released model's). A router is
+`mlp.gate` of an MoE layer; everything the rest of lumina needs from it is a method of `MoERouter`. A new
+router is one module in this package registering its class with `@ROUTERS.register("name")`.
 """
 
 from __future__ import annotations
@@ -71,7 +62,8 @@ class MoERouter(nn.Module):
     (`LuminaConfig.router_init`), the training-mode selection noise, and the methods a router must define
     (`forward`, `weigh`, `balance_probs`; `selection_bias` when it has one)."""
 
-    BUFFER_DTYPES: ClassVar[dict[str, torch.dtype]] = {}  # persistent [E] buffer name -> the dtype it keeps
+    # persistent [E] buffer name (checkpoint key `mlp.gate.<name>`) -> the dtype it keeps whatever the model's
+    BUFFER_DTYPES: ClassVar[dict[str, torch.dtype]] = {}
 
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()

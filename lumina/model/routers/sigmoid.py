@@ -1,11 +1,10 @@
 """The released model's router (`score_function: sigmoid`, official `LLaDA2MoeGate`): fp32 sigmoid scores,
 group-limited top-k selection on the bias-corrected scores, weights from the unbiased scores.
 
-It carries an fp32 `expert_bias` [E] (state-dict key `mlp.gate.expert_bias`), used for selection only and
-moved by the sign-rule update from outside (no released code updates it). In training mode the selection may
-add noise (`MoERouter.set_selection_noise`): tokens with identical inputs get identical scores, and a
-token-independent expert bias can only move all of them at once; the noise spreads them over the experts
-whose biased scores lie within about its std. The weights stay the unbiased, noise-free scores."""
+Its fp32 `expert_bias` [E] (`mlp.gate.expert_bias`) moves selection only, by the sign-rule update from outside
+(no released code updates it). Training-mode selection noise (`MoERouter.set_selection_noise`) spreads tokens
+with identical scores, which a token-independent bias can only move together, over the experts whose biased
+scores lie within about its std."""
 
 from __future__ import annotations
 
