@@ -8,7 +8,6 @@ from lumina.model.image_heads.channel_ar import MultiCodebookHead
 from lumina.model.lumina_model import LuminaModel
 from lumina.model.moe import MoE
 from lumina.model.output import LuminaOutput
-from lumina.model.params import active_parameters_per_text_token, count_parameters
 from lumina.model.routers import ROUTERS, MoERouter, PackRows, Routing, SigmoidRouter
 
 __all__ = [
@@ -27,6 +26,4 @@ __all__ = [
     "ROUTERS",
     "Routing",
     "SigmoidRouter",
-    "active_parameters_per_text_token",
-    "count_parameters",
 ]
