@@ -10,8 +10,6 @@ Gradient accumulation averages the micro-batch losses (Lightning divides each by
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -20,7 +18,7 @@ from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import TokenType
 from lumina.data.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
-from lumina.model.heads import LuminaHeads
+from lumina.model.output import LuminaOutput
 from lumina.model.routers import MoERouter
 from lumina.objective.balance import ProbsFn, balance_loss, expert_load, softmax_probs
 from lumina.objective.config import ObjectiveConfig
@@ -30,27 +28,14 @@ from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
 
 
-class ModelOutput(Protocol):
-    """The fields of `lumina.model.LuminaOutput` the objective reads."""
-
-    text_states: torch.Tensor  # [Nt, H]
-    text_rows: torch.Tensor  # [Nt] flat b*S+s
-    image_states: torch.Tensor  # [Ni, C, D]
-    image_rows: torch.Tensor  # [Ni]
-    heads: LuminaHeads  # the fused losses; vocab_size, codebook_size
-    router_logits: list[torch.Tensor]  # per MoE layer [B, S, E]
-    router_topk_ids: list[torch.Tensor]  # per MoE layer [B, S, k]
-
-
 class LuminaObjective(nn.Module):
-    """Stateless apart from the expert-bias counts accumulated in training mode (`self.training`).
+    """Stateless apart from the expert-bias counts accumulated in training mode.
 
-    group: the process group whose ranks average gradients (None = the default group).
-    sequence_group: the ranks sharing this rank's pack under sequence parallelism (None = none): the
-                    balance loss's statistics are per pack. Token counts, expert loads and accuracies need no
-                    such care: the ranks of a group hold disjoint rows, so sums over `group` count each once.
-    schedule:       the masking schedule the batches were noised with (None = the official one); "inverse_t"
-                    weighting weighs each text row by its ELBO weight w(t) (1/t for the official schedule).
+    group:          the ranks that average gradients (None = the default group).
+    sequence_group: the ranks sharing this rank's pack under sequence parallelism (None = none); only the
+                    balance loss's statistics are per pack (other sums over `group` count each row once).
+    schedule:       the masking schedule the batches were noised with (None = the official one), whose ELBO
+                    weight w(t) the "inverse_t" weighting uses (1/t for the official schedule).
     """
 
     def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None,
@@ -59,21 +44,19 @@ class LuminaObjective(nn.Module):
         self.config = config or ObjectiveConfig()
         self.schedule = schedule or build_schedule(DEFAULT_SCHEDULE)
         self.bias_updater = ExpertBiasUpdater(self.config.balance.bias_rate, group)
-        self.group = group
         self.sequence_group = sequence_group
         self.router_probs: ProbsFn | None = None  # the routers' `balance_probs`, given by `configure_routers`
 
     @property
     def group(self) -> dist.ProcessGroup | None:
-        return self._group
+        """The data-parallel group of both the token counts and the expert-bias counts."""
+        return self.bias_updater.group
 
     @group.setter
     def group(self, group: dist.ProcessGroup | None) -> None:
-        """Set the data-parallel group of both the token counts and the expert-bias counts."""
-        self._group = group
         self.bias_updater.group = group
 
-    def forward(self, output: ModelOutput, batch: PackedBatch) -> ObjectiveResult:
+    def forward(self, output: LuminaOutput, batch: PackedBatch) -> ObjectiveResult:
         cfg = self.config
         if batch.labels is None:
             raise ValueError("batch.labels is None; the objective needs labels")
@@ -138,9 +121,8 @@ class LuminaObjective(nn.Module):
             expert_load=load)
 
     def configure_routers(self, model: nn.Module) -> int:
-        """Give every router of `model` this objective's training-mode selection noise and take its
-        `balance_probs` for the balance loss (p_source "router"); with `balance.bias_update`, check that every
-        router has an expert bias to update. Returns how many routers."""
+        """Give `model`'s routers this objective's selection noise, take their `balance_probs` for the balance
+        loss and, with `balance.bias_update`, check each has an expert bias. Returns how many routers."""
         routers = [module for module in model.modules() if isinstance(module, MoERouter)]
         kinds = {type(router) for router in routers}
         if len(kinds) > 1:
