@@ -103,15 +103,12 @@ class Checkpointed:
         self.fn, self.checkpointer, self.rows = fn, checkpointer, rows
 
     def __call__(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or (self.rows > 0 and args[0].shape[0] == 0):
             return self.fn(*args)
         if self.rows <= 0:
             return self.checkpointer(self.fn, *args)
-        num_rows, rows = args[0].shape[0], self.rows
-        if num_rows == 0:
-            return self.fn(*args)
-        return torch.cat([self.checkpointer(self.fn, *(a[i:i + rows] for a in args))
-                          for i in range(0, num_rows, rows)])
+        return torch.cat([self.checkpointer(self.fn, *(a[i:i + self.rows] for a in args))
+                          for i in range(0, args[0].shape[0], self.rows)])
 
 
 def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:

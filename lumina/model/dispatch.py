@@ -4,11 +4,7 @@ Protocol (an object held as `moe.dispatcher`, replaceable, e.g. by the expert-pa
 
     run_experts(x [T, H], topk_ids int64 [T, k], topk_weights fp32 [T, k], experts) -> y [T, H] in x's dtype
         sum_k w[t, k] * expert_{topk_ids[t, k]}(x[t]), the weighting and sum done in fp32.
-
-`LocalDispatcher` (all experts on this device) hands the experts the tokens and their `RoutedCopies`: they
-gather, compute and weigh in one step. The expert-parallel dispatcher sorts the copies (`group_by_expert`),
-all-to-alls them between the gather and the experts' grouped SwiGLU and back, and sums them
-(`lumina.model.experts.combine_copies`)."""
+"""
 
 from __future__ import annotations
 
@@ -33,12 +29,11 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Ten
 
 
 class LocalDispatcher:
-    """All experts live on this device: the experts gather the copies, compute and weigh them in one autograd
-    step that keeps no [T * k, H] tensor (`lumina.model.experts.routed_swiglu`)."""
+    """All experts live on this device: they gather, compute and weigh the copies in one autograd step
+    (`lumina.model.experts.routed_swiglu`)."""
 
     def run_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     experts: nn.Module) -> torch.Tensor:
-        """x [T, H], topk_ids [T, k], topk_weights [T, k] -> y [T, H] in x's dtype (`experts`: a
-        `GroupedExperts`-like module holding all experts)."""
+        """The protocol's `run_experts`; `experts`: a `GroupedExperts`-like module holding all experts."""
         order, tokens_per_expert = group_by_expert(topk_ids, experts.num_local_experts)
         return experts(x, tokens_per_expert, RoutedCopies(order, topk_weights.float()))

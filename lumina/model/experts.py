@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from lumina.model.config import MOE_BACKENDS
+
 
 def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `torch._grouped_mm(x [N, K], weight^T)` runs here: dtype, device and 16-byte row alignment."""
@@ -275,8 +277,8 @@ class GroupedExperts(nn.Module):
     def __init__(self, num_local_experts: int, hidden_size: int, intermediate_size: int, backend: str = "grouped_mm",
                  std: float = 0.02) -> None:
         super().__init__()
-        if backend not in ("grouped_mm", "loop"):
-            raise ValueError(f"GroupedExperts.backend={backend!r}: must be 'grouped_mm' or 'loop'")
+        if backend not in MOE_BACKENDS:
+            raise ValueError(f"GroupedExperts.backend={backend!r}: must be one of {MOE_BACKENDS}")
         self.num_local_experts = num_local_experts
         self.backend = backend
         self.std = std

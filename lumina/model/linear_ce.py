@@ -1,15 +1,13 @@
 """Fused linear + cross-entropy in row chunks: the loss of a head without its full logits.
 
-    total, ce, preds = linear_cross_entropy(x [N, H], weight [V, H], bias [V] | None, targets [N],
-                                            row_weight fp32 [N], chunk_rows)
     total = sum_i row_weight[i] * ce[i]     (fp32 scalar, differentiable w.r.t. x, weight, bias)
     ce    = -log softmax(x W^T + b)[target] (fp32 [N], detached)
     preds = argmax of the logits            (int64 [N], detached)
 
-The forward walks the rows `chunk_rows` at a time through one reused [chunk, V] fp32 buffer: logits,
-log-sum-exp, CE and argmax, then (softmax - onehot) * row_weight in place, which gives this chunk's share of
-the gradients of x, weight and bias at once. Backward only scales them by the incoming gradient of `total`,
-so the head costs the same three GEMMs as autograd through full logits, while nothing of size [N, V] exists.
+The forward walks the rows `chunk_rows` at a time through one reused [chunk, V] fp32 buffer: logits, CE,
+argmax, then (softmax - onehot) * row_weight in place, this chunk's share of the gradients of x, weight and
+bias. Backward only scales them by the gradient of `total`: the same three GEMMs as autograd through full
+logits, with nothing of size [N, V].
 Logits are formed in the head's compute dtype (autocast's where it is on, else the inputs') and upcast (as
 `F.cross_entropy(logits.float())` after a bf16 head); weight and bias gradients are accumulated in fp32, and
 every gradient is returned in its input's dtype.
@@ -114,7 +112,6 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if chunk_rows < 0:
         raise ValueError(f"linear_cross_entropy: chunk_rows={chunk_rows} must be >= 0 (0 = auto)")
     chunk = chunk_rows or auto_chunk_rows(weight.shape[0])
-    # the head's compute dtype: autocast's where it is on (as F.linear would run), else the inputs'
     device_type = x.device.type
     dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
              else torch.promote_types(x.dtype, weight.dtype))

@@ -54,15 +54,13 @@ def _fraction(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class PackRows:
-    """What one pack holds: positions (every row runs through the backbone, tail padding too), supervised
-    text rows (the text head's), supervised image rows (the channel head's and the codebook heads'), image
-    input rows (types 2 and 4, embedded through the codebook tables) and segment_len = sum(L_i^2) / positions
-    over its segments (the segmented backend computes and caches positions x segment_len attention pairs)."""
+    """What one pack holds."""
 
-    positions: int
-    text: int
-    image: int
-    image_inputs: int
+    positions: int  # every row runs through the backbone, tail padding too
+    text: int  # supervised text rows (the text head's)
+    image: int  # supervised image rows (the image head's and the codebook heads')
+    image_inputs: int  # image input rows (types 2 and 4, embedded through the codebook tables)
+    # sum(L_i^2) / positions over the segments: the segmented backend computes positions x segment_len pairs
     segment_len: int
 
     def __post_init__(self) -> None:

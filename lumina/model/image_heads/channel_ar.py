@@ -1,8 +1,8 @@
-"""The official image head `channel_ar`, the multi-codebook channel head (`multi_codebook_head.*`): a small adaLN transformer that runs causally over
+"""The official image head `channel_ar` (`multi_codebook_head.*`): a small adaLN transformer run causally over
 the C codebooks of one image row, so codebook c is predicted from the backbone state h and codes 0..c-1.
 
-Input positions: [cond, emb_0, ..., emb_{C-2}] + channel_embed, cond = condition_proj(h); the adaLN condition at
-position j is cond + timesteps_embeddings[j]. Output position j feeds `lm_img_head[j]` (held by the LM)."""
+Input positions: [cond, emb_0, ..., emb_{C-2}] + channel_embed, cond = condition_proj(h); the adaLN condition
+at position j is cond + timesteps_embeddings[j]. Output position j feeds `lm_img_head[j]` (held by the LM)."""
 
 from __future__ import annotations
 
@@ -91,8 +91,7 @@ class ChannelFinal(nn.Module):
 
 @IMAGE_HEADS.register("channel_ar", official=True)
 class MultiCodebookHead(ImageHead):
-    """Channel-autoregressive: codebook c from h and the codes 0..c-1 (teacher-forced in training; `run` is
-    what activation checkpointing wraps)."""
+    """Channel-autoregressive (module docstring); teacher-forced in training."""
 
     module_name = "multi_codebook_head"
     teacher_forced = True
@@ -168,22 +167,17 @@ class MultiCodebookHead(ImageHead):
     @classmethod
     def state_shapes(cls, config: LuminaConfig) -> dict[str, tuple[int, ...]]:
         d, n_cb = config.hidden_size, config.num_codebooks
-        shapes: dict[str, tuple[int, ...]] = {
-            "condition_proj.weight": (d, config.hidden_size), "condition_proj.bias": (d,),
-            "channel_embed": (1, n_cb, d), "timesteps_embeddings": (1, n_cb, d), "channel_mask": (n_cb, n_cb),
-        }
         head_dim, mlp = d // config.channel_heads, config.channel_mlp_ratio * d
-        for b in range(config.channel_depth):
-            q = f"channel_blocks.{b}."
-            for name, out_in in (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
-                                 ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)),
-                                 ("mlp.fc1", (mlp, d)), ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d))):
-                shapes[f"{q}{name}.weight"] = out_in
-                shapes[f"{q}{name}.bias"] = (out_in[0],)
-        shapes["channel_norm.weight"] = (d,)
-        shapes["channel_norm.bias"] = (d,)
-        shapes["channel_final.adaLN_modulation.1.weight"] = (2 * d, d)
-        shapes["channel_final.adaLN_modulation.1.bias"] = (2 * d,)
+        block = (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
+                 ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)), ("mlp.fc1", (mlp, d)),
+                 ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d)))
+        layers = [(f"channel_blocks.{i}.{name}", shape) for i in range(config.channel_depth) for name, shape in block]
+        layers += [("channel_norm", (d,)), ("channel_final.adaLN_modulation.1", (2 * d, d))]
+        shapes = {"condition_proj.weight": (d, d), "condition_proj.bias": (d,), "channel_embed": (1, n_cb, d),
+                  "timesteps_embeddings": (1, n_cb, d), "channel_mask": (n_cb, n_cb)}
+        for name, shape in layers:  # each with a weight and a bias
+            shapes[f"{name}.weight"] = shape
+            shapes[f"{name}.bias"] = shape[:1]
         return shapes
 
     def macs_per_row(self) -> ImageHeadMACs:

@@ -22,12 +22,11 @@ ROUTERS = Registry("router", "lumina.model.routers")
 
 @dataclass
 class Routing:
-    """One MoE layer's routing of T tokens: `logits` fp32 [T, E] (the router's raw scores), `topk_ids` int64
-    [T, k], `topk_weights` fp32 [T, k] (the combine weights)."""
+    """One MoE layer's routing of T tokens."""
 
-    logits: torch.Tensor
-    topk_ids: torch.Tensor
-    topk_weights: torch.Tensor
+    logits: torch.Tensor  # fp32 [T, E], the router's raw scores
+    topk_ids: torch.Tensor  # int64 [T, k]
+    topk_weights: torch.Tensor  # fp32 [T, k], the combine weights
 
 
 class PackRows(NamedTuple):
@@ -39,9 +38,8 @@ class PackRows(NamedTuple):
 
 
 class _Fp32Logits(torch.autograd.Function):
-    """(x [T, H], weight [E, H]) -> fp32 logits x.float() @ weight.float()^T [T, E], with autograd's gradients of
-    F.linear(x.float(), weight.float()) to the bit, saving x and weight in their own dtypes (no fp32 copy of
-    bf16 activations; the casts are redone in the backward)."""
+    """(x [T, H], weight [E, H]) -> F.linear(x.float(), weight.float()) [T, E] with autograd's gradients to the
+    bit, saving x and weight in their own dtypes (no fp32 copy of bf16 activations)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
