@@ -61,8 +61,7 @@ class _TapeContext:
 
 
 class Checkpointer:
-    """`checkpointer(fn, *args)` = `fn(*args)` under non-reentrant checkpointing; forward hooks on `routers`
-    record / replay their top-k inside such calls and leave every other call alone."""
+    """`checkpointer(fn, *args)` = `fn(*args)` under non-reentrant checkpointing, the routers' top-k replayed."""
 
     def __init__(self, routers: Iterable[MoERouter]) -> None:
         self.tape: RoutingTape | None = None
@@ -95,9 +94,8 @@ class Checkpointer:
 
 
 class Checkpointed:
-    """A module's method replaced on its instance by `apply_checkpointing`: while autograd records, the
-    original `fn` under `checkpointer`, in chunks of `rows` along dim 0 of every argument when rows > 0 (the
-    rows must then be independent); otherwise the plain call."""
+    """A method `apply_checkpointing` replaced: while autograd records, `fn` under `checkpointer`, in chunks of
+    `rows` independent rows along dim 0 of every argument when rows > 0; otherwise the plain call."""
 
     def __init__(self, fn: Callable[..., Any], checkpointer: Checkpointer, rows: int = 0) -> None:
         self.fn, self.checkpointer, self.rows = fn, checkpointer, rows

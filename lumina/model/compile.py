@@ -43,15 +43,12 @@ def _compile_method(module: nn.Module, name: str, dynamic_rows: bool = False) ->
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Compile `model`'s decoder layers (their `forward` and `ffn`, the sub-block selective checkpointing
-    runs) and its channel head's blocks (`ImageHead.run`), in place. Apply after
-    `apply_checkpointing` (applying that again drops the compiled forms; apply this again after it) and
-    before a sharding strategy wraps the layers; applying twice changes nothing."""
-    # A checkpointed recompute must run the graphs its forward ran; dynamo's most-recently-used reordering of a
-    # frame's cache entries can pick another one whose guards also pass (pytorch/pytorch#166926).
+    """Compile `model`'s decoder layers (`forward`, `ffn`) and its image head's `run`, in place (idempotent).
+    Apply after `apply_checkpointing` (which drops the compiled forms) and before a sharding strategy wraps
+    the layers."""
+    # a recompute must run its forward's graphs, not another cache entry whose guards pass (pytorch#166926)
     torch._C._dynamo.eval_frame._set_lru_cache(False)
-    # The Checkpointer's router hooks come and go with `apply_checkpointing`: guard on module hooks, so that
-    # graphs traced without them are not reused once they are registered (by default dynamo skips that guard).
+    # graphs traced without the Checkpointer's router hooks must not be reused once they are registered
     torch._dynamo.config.skip_nnmodule_hook_guards = False
     for layer in model.model.layers:
         _compile_method(layer, "forward")

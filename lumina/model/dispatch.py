@@ -29,8 +29,7 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Ten
 
 
 class LocalDispatcher:
-    """All experts live on this device: they gather, compute and weigh the copies in one autograd step
-    (`lumina.model.experts.routed_swiglu`)."""
+    """All experts on this device, gathering, computing and weighing the copies in one step (`routed_swiglu`)."""
 
     def run_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     experts: nn.Module) -> torch.Tensor:

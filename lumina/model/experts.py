@@ -24,14 +24,10 @@ def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `torch._grouped_mm(x [N, K], weight^T)` runs here: dtype, device and 16-byte row alignment."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != weight.dtype:
         return False
-    if x.device.type == "cpu":
-        ok_dtype = x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    elif x.device.type == "cuda":
-        ok_dtype = x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
-    else:
-        ok_dtype = False
-    size = x.element_size()
-    return ok_dtype and all(d * size % 16 == 0 for d in weight.shape[1:])
+    cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    cuda = (x.device.type == "cuda" and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return (cpu or cuda) and all(d * x.element_size() % 16 == 0 for d in weight.shape[1:])
 
 
 def _fused(backend: str, x: torch.Tensor, gate: torch.Tensor, down: torch.Tensor) -> bool:
@@ -188,8 +184,7 @@ def _refuse_second_backward(ctx: torch.autograd.function.FunctionCtx) -> None:
 
 
 class _GroupedSwiGLU(torch.autograd.Function):
-    """rows [N, H] sorted by expert -> [N, H]; outputs and gradients equal to autograd through the plain
-    composition of the three grouped GEMMs, to the bit."""
+    """rows [N, H] sorted by expert -> [N, H]; autograd's results through the three grouped GEMMs, to the bit."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,  # noqa: ANN001
@@ -210,8 +205,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
 
 def grouped_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                    tokens_per_expert: torch.Tensor, backend: str = "grouped_mm") -> torch.Tensor:
-    """rows [N, H] sorted by expert (runs of sizes tokens_per_expert int [E]); gate/up [E, I, H], down
-    [E, H, I] -> [N, H]."""
+    """rows [N, H] sorted by expert (runs of sizes tokens_per_expert int [E]) -> [N, H]."""
     if not _fused(backend, rows, gate, down):
         return reference_swiglu(rows, gate, up, down, tokens_per_expert)
     offsets = tokens_per_expert.cumsum(0).to(torch.int32)
@@ -220,12 +214,12 @@ def grouped_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dow
 
 @dataclass
 class RoutedCopies:
-    """The T*k routed copies of T tokens, for experts that gather their own rows and weigh their own outputs.
-    order: int64 [T*k], the flat (token, slot) index t*k + s of the copy at each expert-sorted row (token order
-    kept inside an expert); weights: fp32 [T, k]."""
+    """The T*k routed copies of T tokens, for experts that gather their own rows and weigh their own outputs."""
 
+    # int64 [T*k]: the flat (token, slot) index t*k + s of the copy at each expert-sorted row (token order kept
+    # inside an expert)
     order: torch.Tensor
-    weights: torch.Tensor
+    weights: torch.Tensor  # fp32 [T, k]
 
 
 class _RoutedSwiGLU(torch.autograd.Function):
@@ -257,8 +251,7 @@ class _RoutedSwiGLU(torch.autograd.Function):
 def routed_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                   tokens_per_expert: torch.Tensor, copies: RoutedCopies, backend: str = "grouped_mm") -> torch.Tensor:
     """x [T, H] tokens; copies.order [T*k] sorted by expert (runs of sizes tokens_per_expert int [E]) ->
-    sum_s w[t, s] * expert_{e(t, s)}(x[t]) [T, H] in x's dtype, weighted and summed in fp32: gather ->
-    SwiGLU -> weighted combine."""
+    sum_s w[t, s] * expert_{e(t, s)}(x[t]) [T, H] in x's dtype, weighted and summed in fp32."""
     if _fused(backend, x, gate, down):
         return _RoutedSwiGLU.apply(x, copies.weights, gate, up, down, copies.order, tokens_per_expert)
     rows = reference_swiglu(x.index_select(0, copies.order // copies.weights.shape[1]), gate, up, down,

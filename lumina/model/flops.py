@@ -1,19 +1,15 @@
-"""Analytic FLOPs of one training step of a `LuminaModel` on one pack, counted as
-`torch.utils.flop_counter.FlopCounterMode` counts them (what MFU divides by):
-- only matrix products, a multiply-add is 2 FLOPs (norms, activations, RoPE, softmax, the loss's elementwise
-  work left out);
+"""Analytic FLOPs of one training step of a `LuminaModel` on one pack, as torch's `FlopCounterMode` counts
+them (what MFU divides by): matrix products only, a multiply-add = 2 FLOPs.
 - training = 3 x forward for the GEMMs (each backward forms both operands' gradients; the fused head losses
-  form them in their forward) and 3.5 x forward for attention's Q K^T and P V (fused attention backwards
-  recompute Q K^T, and FlopCounterMode counts that);
-- activation recompute is not counted: these are model FLOPs, so MFU under checkpointing understates how
-  busy the hardware is (PaLM, appendix B);
+  form them in their forward), 3.5 x for attention's Q K^T and P V (fused backwards recompute Q K^T);
+- activation recompute is not counted (model FLOPs: MFU under checkpointing understates the hardware's load);
 - attention counts the (query, key) pairs its backend computes per query head (`Backend.pairs`): S^2 per pack
-  for `Pairs.DENSE` (masked pairs included), sum of L_i^2 over the segments for `Pairs.SEGMENTS`, the pairs
-  the block-diffusion mask allows for `Pairs.ALLOWED` (`flex`; at its 128 x 128 blocks it computes more);
+  for `Pairs.DENSE`, sum of L_i^2 over the segments for `Pairs.SEGMENTS`, the pairs the block-diffusion mask
+  allows for `Pairs.ALLOWED` (`flex`; at its 128 x 128 blocks it computes more);
 - every position runs through the backbone (tail padding too), k routed experts and the shared one; the text
-  head runs on supervised text rows, the image head and the C codebook heads on supervised image rows,
-  `img_embeddings_proj` on image input rows (types 2 and 4);
-- left out: the backends' O(S hd^2) fill of fully masked padding rows (under 1% at 3% padding).
+  head runs on supervised text rows, the image head and the codebook heads on supervised image rows,
+  `img_embeddings_proj` on image input rows (types 2 and 4). Left out: the backends' O(S hd^2) fill of fully
+  masked padding rows (under 1% at 3% padding).
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ def visible_pairs(batch: PackedBatch, rule: str = "auto") -> int:
 
 
 def attention_pairs(batch: PackedBatch, backend: str, rule: str = "auto") -> int:
-    """Per query head, the (query, key) pairs `backend` computes on `batch` under the attention `rule` (see the
-    module docstring)."""
+    """Per query head, the (query, key) pairs `backend` computes on `batch` under the attention `rule`."""
     batch_size, seq_len = batch.type_ids.shape
     pairs = backend_class(backend).pairs
     if pairs is Pairs.DENSE:
@@ -63,8 +58,7 @@ def pack_attention_pairs(batch: PackedBatch, backend: str, rule: str = "auto") -
 
 
 def nominal_attention_pairs(rows: PackRows, backend: str) -> int:
-    """The pairs of a pack of `rows` in samples of rows.segment_len (those of `flex` are bounded by
-    `segmented`'s)."""
+    """The pairs of a pack of `rows` in samples of rows.segment_len (`flex`'s bounded by `segmented`'s)."""
     dense = backend_class(backend).pairs is Pairs.DENSE
     return rows.positions * (rows.positions if dense else rows.segment_len)
 

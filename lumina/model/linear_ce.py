@@ -7,10 +7,8 @@
 The forward walks the rows `chunk_rows` at a time through one reused [chunk, V] fp32 buffer: logits, CE,
 argmax, then (softmax - onehot) * row_weight in place, this chunk's share of the gradients of x, weight and
 bias. Backward only scales them by the gradient of `total`: the same three GEMMs as autograd through full
-logits, with nothing of size [N, V].
-Logits are formed in the head's compute dtype (autocast's where it is on, else the inputs') and upcast (as
-`F.cross_entropy(logits.float())` after a bf16 head); weight and bias gradients are accumulated in fp32, and
-every gradient is returned in its input's dtype.
+logits, with nothing of size [N, V]. Logits are formed in the head's compute dtype (autocast's where it is on,
+else the inputs') and upcast; weight and bias gradients accumulate in fp32 and return in their input's dtype.
 """
 
 from __future__ import annotations

@@ -12,13 +12,6 @@ from lumina.model.experts import GroupedExperts
 from lumina.model.lumina_model import LuminaModel
 
 
-def _as_model(model_or_config: LuminaModel | LuminaConfig) -> LuminaModel:
-    if isinstance(model_or_config, LuminaModel):
-        return model_or_config
-    with torch.device("meta"):
-        return LuminaModel(model_or_config)
-
-
 @dataclass(frozen=True)
 class ParameterCounts:
     """dense: every parameter but the routed experts; experts: the routed experts of every MoE layer;
@@ -36,7 +29,10 @@ class ParameterCounts:
 
 def parameter_counts(model_or_config: LuminaModel | LuminaConfig) -> ParameterCounts:
     """The parameters of the model (a config's model is built on the meta device)."""
-    model = _as_model(model_or_config)
+    model = model_or_config
+    if isinstance(model, LuminaConfig):
+        with torch.device("meta"):
+            model = LuminaModel(model)
     routed = {id(p) for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
 
     def split(module: nn.Module) -> tuple[int, int]:

@@ -1,22 +1,13 @@
 """The training objective: label normalisation, global-token-normalised text/image CE, MoE load balancing."""
 
-from lumina.objective.balance import (
-    balance_loss,
-    expert_counts,
-    expert_load,
-    layer_balance_loss,
-    softmax_probs,
-)
+from lumina.objective.balance import balance_loss, expert_load, softmax_probs
 from lumina.objective.config import BalanceConfig, ObjectiveConfig
-from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases, sign_rule_update
-from lumina.objective.labels import gather_targets, normalize_labels, validate_supervision
+from lumina.objective.expert_bias import find_expert_biases, sign_rule_update
+from lumina.objective.labels import normalize_labels, validate_supervision
 from lumina.objective.objective import LuminaObjective
-from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
 
 __all__ = [
-    "BalanceConfig", "ExpertBiasUpdater", "LuminaObjective", "ObjectiveConfig", "ObjectiveResult",
-    "balance_loss", "dp_sum", "dp_world_size", "expert_counts", "expert_load", "find_expert_biases",
-    "gather_targets", "layer_balance_loss", "normalize_labels", "sign_rule_update", "softmax_probs",
-    "validate_supervision",
+    "BalanceConfig", "LuminaObjective", "ObjectiveConfig", "ObjectiveResult", "balance_loss", "expert_load",
+    "find_expert_biases", "normalize_labels", "sign_rule_update", "softmax_probs", "validate_supervision",
 ]

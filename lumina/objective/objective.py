@@ -1,11 +1,9 @@
 """`LuminaObjective`: LuminaOutput + PackedBatch -> the training loss `ObjectiveConfig` states.
 
-Each N is summed over the data-parallel ranks with one all_reduce; each rank's loss is
-sum_local / N_global * world_size, so the mean over ranks that DDP/FSDP gradient averaging takes equals
-the gradient of the global-token mean. The objective never re-selects rows: targets are gathered at the
-output's `text_rows` / `image_rows`, and both head terms always join the loss (an empty row set gives an
-exact 0 connected to the graph), so every conditional module's backward runs on every rank.
-Gradient accumulation averages the micro-batch losses (Lightning divides each by accumulate_grad_batches).
+Each N is summed over the data-parallel ranks (one all_reduce) and each rank's loss is
+sum_local / N_global * world_size, so the ranks' mean that gradient averaging takes is the global-token mean.
+Targets are gathered at the output's `text_rows` / `image_rows`; both head terms always join the loss (an
+empty row set gives an exact 0 in the graph), so every conditional module's backward runs on every rank.
 """
 
 from __future__ import annotations

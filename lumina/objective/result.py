@@ -9,9 +9,8 @@ import torch
 
 @dataclass
 class ObjectiveResult:
-    """`loss` carries the graph; everything else is detached. The term values are this rank's share,
-    sum_local / N_global * world_size, so their mean over the data-parallel ranks is the global-token mean
-    (log them with a mean over ranks)."""
+    """`loss` carries the graph; the rest is detached. Terms are this rank's share, sum_local / N_global *
+    world_size: log them with a mean over the data-parallel ranks (the global-token mean)."""
 
     loss: torch.Tensor  # scalar, what to backward (text + image + balance, weighted)
     text_loss: torch.Tensor  # scalar, sum(w * CE_text) / N_txt_global * world_size (unweighted by text_weight)

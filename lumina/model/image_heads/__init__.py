@@ -66,8 +66,7 @@ class ImageHead(nn.Module):
 
 
 def image_head_class(config: LuminaConfig) -> type[ImageHead]:
-    """The class `config.image_head` names (ValueError naming the field for an unknown name or a class that
-    is not an `ImageHead`)."""
+    """The `ImageHead` class `config.image_head` names (ValueError naming the field otherwise)."""
     cls = IMAGE_HEADS.get(config.image_head, "LuminaConfig.image_head")
     if not issubclass(cls, ImageHead):
         raise ValueError(f"LuminaConfig.image_head={config.image_head!r}: {cls.__qualname__} is not an ImageHead")

@@ -56,9 +56,8 @@ class _Fp32Logits(torch.autograd.Function):
 
 
 class MoERouter(nn.Module):
-    """Base of every router: a linear gate `weight` [E, H] giving fp32 logits, its from-scratch init
-    (`LuminaConfig.router_init`), the training-mode selection noise, and the methods a router must define
-    (`forward`, `weigh`, `balance_probs`; `selection_bias` when it has one)."""
+    """Base of every router: a linear gate `weight` [E, H] giving fp32 logits (init `LuminaConfig.router_init`),
+    the selection noise, and the methods a router must define (`selection_bias` when it has one)."""
 
     # persistent [E] buffer name (checkpoint key `mlp.gate.<name>`) -> the dtype it keeps whatever the model's
     BUFFER_DTYPES: ClassVar[dict[str, torch.dtype]] = {}
@@ -128,6 +127,5 @@ class MoERouter(nn.Module):
         raise NotImplementedError
 
     def selection_bias(self) -> torch.Tensor | None:
-        """The [E] selection bias the sign-rule update (`objective.balance.bias_update`) moves in place, or
-        None when this router has none."""
+        """The [E] selection bias the sign-rule update moves in place, or None when this router has none."""
         return None

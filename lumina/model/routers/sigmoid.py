@@ -70,8 +70,7 @@ class SigmoidRouter(MoERouter):
         return biased.masked_fill(~keep, float("-inf")).topk(self.top_k, dim=-1).indices
 
     def forward(self, x: torch.Tensor, pack: PackRows | None = None) -> Routing:
-        """x [T, H] (any dtype; the router runs in fp32). Its autograd keeps x, the ids and the k selected scores
-        (selection builds no graph)."""
+        """x [T, H] (any dtype; runs in fp32); autograd keeps x, the ids and the k selected scores only."""
         logits = self.logits(x)  # [T, E]
         with torch.no_grad():
             scores = logits.sigmoid()
