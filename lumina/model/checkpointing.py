@@ -1,11 +1,9 @@
 """Activation checkpointing (`LuminaConfig.gradient_checkpointing`), applied to a built model from outside its
 code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on recompute.
 
-A recompute could select other experts than the forward did (another kernel, bf16 reductions, an expert bias
-changed in between) and split the tokens differently from the saved activations. `Checkpointer` gives each
-checkpointed call a `RoutingTape`: the forward records the top-k ids of every router it runs, the recompute
-replays them in order, and both passes recompute the weights from the logits at those ids (`MoERouter.weigh`),
-so the gradients equal those of the `none` policy bit for bit, on one device or under FSDP2.
+A recompute could select other experts than the forward did (another kernel, bf16 reductions, a changed
+expert bias). So the forward records each router's top-k ids on a `RoutingTape`, the recompute replays them,
+and both recompute the weights at those ids (`MoERouter.weigh`): gradients equal the `none` policy's bit for bit.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ COMPILED = "_lumina_compiled"  # marks a function `apply_compile` made
 
 
 def _dynamic_rows(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`fn` compiled with dim 0 of every tensor argument (the image rows) dynamic from the first call, without
-    0/1 specialisation (a pack with no or one image row compiles nothing new)."""
+    """`fn` compiled with dim 0 of every argument (the image rows) dynamic from the first call, 0 and 1 included."""
     compiled = torch.compile(fn)
 
     def run(*args: torch.Tensor) -> torch.Tensor:
@@ -30,8 +29,7 @@ def _dynamic_rows(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
 
 
 def _compile_method(module: nn.Module, name: str, dynamic_rows: bool = False) -> None:
-    """Replace `module.<name>` on the instance by its compiled form; a method `apply_checkpointing` replaced
-    keeps its checkpointing and gets its inner function compiled (checkpoint around compiled code)."""
+    """Replace `module.<name>` on the instance by its compiled form (a `Checkpointed` one: its inner function)."""
     method: Any = getattr(module, name)
     owner, attr = (method, "fn") if isinstance(method, Checkpointed) else (module, name)
     fn = getattr(owner, attr)

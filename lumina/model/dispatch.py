@@ -1,10 +1,8 @@
 """The MoE dispatcher seam: how routed token copies reach the (possibly remote) experts and come back.
 
-Protocol (an object held as `moe.dispatcher`, replaceable, e.g. by the expert-parallel all-to-all one):
-
-    run_experts(x [T, H], topk_ids int64 [T, k], topk_weights fp32 [T, k], experts) -> y [T, H] in x's dtype
-        sum_k w[t, k] * expert_{topk_ids[t, k]}(x[t]), the weighting and sum done in fp32.
-"""
+Protocol of `moe.dispatcher` (replaceable, e.g. by the expert-parallel all-to-all one): run_experts(x [T, H],
+topk_ids int64 [T, k], topk_weights fp32 [T, k], experts) -> y [T, H] in x's dtype, sum_k w[t, k] *
+expert_{topk_ids[t, k]}(x[t]) weighted and summed in fp32."""
 
 from __future__ import annotations
 

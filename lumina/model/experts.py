@@ -1,12 +1,10 @@
 """Routed experts with fused parameters (`mlp.experts.{gate,up,down}_proj`, no `.weight` suffix):
 `gate_proj`/`up_proj` [E, I, H], `down_proj` [E, H, I].
 
-The SwiGLU of each expert over expert-sorted rows has two forms: `reference_swiglu` (one matmul per expert,
-autograd's backward; backend "loop", and wherever `torch._grouped_mm` cannot run) and the fused form (backend
-"grouped_mm": three `torch._grouped_mm` calls, `_swiglu_backward` saving only the rows, gate x and up x, and
-overwriting the latter two with their gradients). `grouped_swiglu` takes rows already sorted by expert (the
-expert-parallel path); `routed_swiglu` takes the T tokens and their `RoutedCopies` and gathers, computes and
-combines in one Function that keeps no [T*k, H] tensor (the local path)."""
+Each expert's SwiGLU over expert-sorted rows: `reference_swiglu` (a matmul per expert; backend "loop", and
+wherever `torch._grouped_mm` cannot run) or fused (backend "grouped_mm": `torch._grouped_mm`, saving only the
+rows, gate x and up x). `grouped_swiglu` takes rows sorted by expert (expert parallel); `routed_swiglu` takes
+the tokens and their `RoutedCopies`, gathering, computing and combining with no [T*k, H] tensor kept."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def sum_copies(rows: torch.Tensor, inverse: torch.Tensor, top_k: int,
                weights: torch.Tensor | None = None) -> torch.Tensor:
     """rows [T*k, W] in expert-sorted order (copy t*k + s at row inverse[t*k + s]) -> [T, W]: each token's k
-    rows weighted by weights [T, k] in the accumulation dtype, or plainly summed in rows' dtype. The copies
-    are gathered COMBINE_CHUNK_BYTES at a time (no second [T*k, W] tensor)."""
+    rows weighted by weights [T, k] in the accumulation dtype, or summed in rows' dtype; gathered in chunks."""
     num_tokens, width = inverse.numel() // top_k, rows.shape[1]
     acc = rows.dtype if weights is None else accumulation_dtype(rows.dtype)
     step = max(1, COMBINE_CHUNK_BYTES // (top_k * width * torch.finfo(acc).bits // 8))
@@ -75,9 +72,8 @@ def row_weights(weights: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 def combine_weight_grad(grad_out: torch.Tensor, out: torch.Tensor, order: torch.Tensor,
                         weights: torch.Tensor) -> torch.Tensor:
-    """The combine's one weight-gradient formula: d/dw[t, s] = <grad of token t, output of copy (t, s)>, per
-    expert-sorted row of grad_out, out [T*k, W] in the accumulation dtype (W = H, or I for the fused path's
-    <down^T grad, hidden>) -> [T, k] in slot order (order is a permutation: no scatter-add)."""
+    """The combine's one weight gradient d/dw[t, s] = <grad of token t, output of copy (t, s)>, from expert-sorted
+    grad_out, out [T*k, W] (W = H, or I for the fused path's <down^T grad, hidden>) -> [T, k] in slot order."""
     acc = accumulation_dtype(out.dtype)
     per_row = torch.linalg.vecdot(grad_out.to(acc), out.to(acc))
     return per_row.new_empty(per_row.shape).index_copy_(0, order, per_row).view_as(weights).to(weights.dtype)

@@ -81,9 +81,8 @@ def image_head_macs(config: LuminaConfig) -> ImageHeadMACs:
 
 
 def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str, int]:
-    """Forward FLOPs of one pack of `rows` whose attention computes `pairs` (query, key) pairs per query head,
-    by part (attention_core: Q K^T and P V; channel_head / channel_attention: the image head's linear layers /
-    attention products; image_heads: the C codebook heads)."""
+    """Forward FLOPs by part of one pack of `rows` whose attention computes `pairs` pairs per query head
+    (channel_head / channel_attention: the image head's linear layers / attention; image_heads: the C heads)."""
     c = config
     hidden, positions = c.hidden_size, rows.positions
     heads_width = c.num_attention_heads * c.head_dim

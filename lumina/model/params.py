@@ -14,12 +14,12 @@ from lumina.model.lumina_model import LuminaModel
 
 @dataclass(frozen=True)
 class ParameterCounts:
-    """dense: every parameter but the routed experts; experts: the routed experts of every MoE layer;
-    units: (dense, experts) parameters of each FSDP unit: the conditional modules (embedding tables, the
-    image projection, heads) and the decoder layers (`layers.{i}`, with their experts)."""
+    """Parameter counts of a model."""
 
-    dense: int
-    experts: int
+    dense: int  # every parameter but the routed experts
+    experts: int  # the routed experts of every MoE layer
+    # (dense, experts) of each FSDP unit: the conditional modules (embedding tables, the image projection,
+    # heads) and the decoder layers (`layers.{i}`, with their experts)
     units: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property

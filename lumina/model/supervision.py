@@ -1,8 +1,7 @@
 """Which rows of a pack the heads supervise (`supervised_rows`), and `PackRows`, the one count of a pack that
-the model's FLOPs, the throughput callback and the memory estimate read.
-
-The rule (official contract 5.2/5.3): a text-answer row (type 3) is supervised when its column-0 label is
-not IGNORE_INDEX; an image-answer row (type 4) when any of its C labels is not."""
+the FLOPs, the throughput callback and the memory estimate read. The rule (official contract 5.2/5.3): a
+text-answer row (type 3) is supervised when its column-0 label is not IGNORE_INDEX; an image-answer row
+(type 4) when any of its C labels is not."""
 
 from __future__ import annotations
 

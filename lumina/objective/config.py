@@ -13,10 +13,9 @@ AUX_SCOPES = ("batch", "sequence")
 
 @dataclass
 class BalanceConfig:
-    """MoE load balancing (`lumina.objective.balance`, `lumina.objective.expert_bias`): an auxiliary loss
-    and/or the auxiliary-loss-free expert-bias update. selection_noise: std of the Gaussian noise each router
-    adds to its biased scores when it selects experts in training mode (noisy top-k gating; 0 = off, the
-    official routing); evaluation, generation and the combine weights never see it."""
+    """MoE load balancing: an auxiliary loss and/or the auxiliary-loss-free expert-bias update. selection_noise:
+    std of the Gaussian noise each router adds to the scores it selects on in training mode (noisy top-k
+    gating; 0 = off, the official routing); evaluation, generation and the combine weights never see it."""
 
     aux_coef: float = 0.0  # coefficient of the load-balance loss (0 = off)
     aux_scope: str = "batch"  # "batch" (f and P over the pack) or "sequence" (per packed segment, DeepSeek-V3)

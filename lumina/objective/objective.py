@@ -27,14 +27,10 @@ from lumina.objective.result import ObjectiveResult
 
 
 class LuminaObjective(nn.Module):
-    """Stateless apart from the expert-bias counts accumulated in training mode.
-
-    group:          the ranks that average gradients (None = the default group).
-    sequence_group: the ranks sharing this rank's pack under sequence parallelism (None = none); only the
-                    balance loss's statistics are per pack (other sums over `group` count each row once).
-    schedule:       the masking schedule the batches were noised with (None = the official one), whose ELBO
-                    weight w(t) the "inverse_t" weighting uses (1/t for the official schedule).
-    """
+    """Stateless apart from the expert-bias counts accumulated in training mode. group: the ranks that average
+    gradients (None = the default group); sequence_group: the ranks sharing this rank's pack (sequence
+    parallelism; only the balance loss's statistics are per pack); schedule: the masking schedule the batches
+    were noised with (None = the official one), whose ELBO weight w(t) the "inverse_t" weighting uses."""
 
     def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None,
                  sequence_group: dist.ProcessGroup | None = None, schedule: MaskingSchedule | None = None) -> None:
@@ -69,10 +65,8 @@ class LuminaObjective(nn.Module):
         text_rows = output.text_rows.long()
         device = targets.text.device
 
-        if inverse_t:
-            num_text = (batch.answer_mask & (batch.type_ids == TokenType.TEXT_ANSWER)).sum()
-        else:
-            num_text = torch.tensor(text_rows.numel(), device=device)
+        num_text = ((batch.answer_mask & (batch.type_ids == TokenType.TEXT_ANSWER)).sum() if inverse_t
+                    else torch.tensor(text_rows.numel(), device=device))
         num_image = torch.tensor(output.image_rows.numel(), device=device)
         local = torch.stack([num_text.to(torch.int64), num_image.to(torch.int64)])
         num_text_global, num_image_global = dp_sum(local, self.group).unbind()

@@ -1,6 +1,5 @@
-"""Image heads: the part between the backbone's hidden state at a supervised image row and the C codebook
-heads (`lm_img_head.{c}`, held by the LM). One class per head behind `ImageHead`, registered by name in
-`IMAGE_HEADS` and chosen by `LuminaConfig.image_head` (official: `channel_ar`)."""
+"""Image heads: between the backbone's state at a supervised image row and the C codebook heads (held by the LM).
+One `ImageHead` class per head in `IMAGE_HEADS`, chosen by `LuminaConfig.image_head` (official: `channel_ar`)."""
 
 from __future__ import annotations
 
@@ -29,10 +28,9 @@ class ImageHeadMACs:
 
 
 class ImageHead(nn.Module):
-    """The contract of an image head (all rows independent; its states [.., D = hidden_size] feed
-    `lm_img_head[c]`). `forward` (training; code_embeds has 0 rows and is not read unless teacher_forced) and
-    `sample` go through `run`, which activation checkpointing wraps in chunks along dim 0 of every argument.
-    `forward` must run on the meta device (training/memory_estimate.py measures its activations there)."""
+    """The contract of an image head (rows independent; D = hidden_size). `forward` (training; code_embeds has 0
+    rows and is unread unless teacher_forced) and `sample` go through `run`, which activation checkpointing
+    wraps in row chunks; `forward` must run on the meta device (training/memory_estimate.py)."""
 
     module_name: ClassVar[str]  # the LM's attribute holding the head: the prefix of its checkpoint keys
     teacher_forced: ClassVar[bool]  # whether training feeds it the embeddings of the target codes 0..C-2

@@ -139,8 +139,7 @@ class MultiCodebookHead(ImageHead):
         return self.channel_final(self.channel_norm(x), ada)
 
     def forward(self, h: torch.Tensor, code_embeds: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing. h [N, H] backbone states; code_embeds [N, C - 1, H] = img_embeddings[c](code c) for
-        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j]. Rows are independent."""
+        """Teacher forcing: code_embeds [N, C - 1, H] = img_embeddings[c](code c) for c < C - 1."""
         if code_embeds.shape[1] != self.num_codebooks - 1:
             raise ValueError(f"code_embeds has {code_embeds.shape[1]} codebooks, expected {self.num_codebooks - 1}")
         return self.run(self.condition_proj(h), code_embeds)
@@ -148,10 +147,9 @@ class MultiCodebookHead(ImageHead):
     @torch.no_grad()
     def sample(self, h: torch.Tensor, sample_fn: SampleFn, img_embeddings: nn.ModuleList,
                lm_img_head: nn.ModuleList) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codebook-by-codebook sampling. h [N, H] -> (codes int64 [N, C], probabilities [N, C]).
-
-        For c = 0..C-1: run the blocks on the growing prefix, `lm_img_head[c]` on the last position,
-        `sample_fn(logits [N, K], c)` picks the tokens, `img_embeddings[c]` embeds them into the prefix."""
+        """h [N, H] -> (codes int64 [N, C], probabilities [N, C]). For c = 0..C-1: the blocks on the growing
+        prefix, `lm_img_head[c]` on the last position, `sample_fn(logits [N, K], c)` picks, `img_embeddings[c]`
+        embeds the picks into the prefix."""
         cond = self.condition_proj(h)
         prefix = cond.new_zeros(h.shape[0], 0, cond.shape[-1])
         codes, probs = [], []
@@ -181,8 +179,7 @@ class MultiCodebookHead(ImageHead):
         return shapes
 
     def macs_per_row(self) -> ImageHeadMACs:
-        """`condition_proj` once per row, every other linear layer on each of the C positions; each
-        `ChannelAttention` forms C x C scores and their weighted sum over its heads' width (computed dense)."""
+        """`condition_proj` once per row, the other linear layers per position; attention C x C, computed dense."""
         positions, cond = self.num_codebooks, self.condition_proj
         per_position = sum(m.in_features * m.out_features for m in self.modules()
                            if isinstance(m, nn.Linear) and m is not cond)

@@ -1,10 +1,9 @@
 """The released model's router (`score_function: sigmoid`, official `LLaDA2MoeGate`): fp32 sigmoid scores,
 group-limited top-k selection on the bias-corrected scores, weights from the unbiased scores.
 
-Its fp32 `expert_bias` [E] (`mlp.gate.expert_bias`) moves selection only, by the sign-rule update from outside
-(no released code updates it). Training-mode selection noise (`MoERouter.set_selection_noise`) spreads tokens
-with identical scores, which a token-independent bias can only move together, over the experts whose biased
-scores lie within about its std."""
+Its fp32 `expert_bias` [E] moves selection only, by the sign-rule update from outside (no released code
+updates it). Selection noise spreads tokens with identical scores, which the bias can only move together, over
+the experts whose biased scores lie within about its std."""
 
 from __future__ import annotations
 
