@@ -43,10 +43,9 @@ class Backbone(nn.Module):
     def embed(self, input_ids: torch.Tensor, type_ids: torch.Tensor,
               extra_codes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids [B, S, C] (or [B, S, 1] text-only), type_ids [B, S]; extra_codes [M, C] (e.g. teacher-forcing
-        labels) share the image tables' single call. Returns (embeds [B, S, H], extra embeds [M, C, H]).
-
-        Rows of type 2/4 concatenate their C code embeddings and project with `img_embeddings_proj`; every
-        other row embeds column 0 with `word_embeddings`. Each table runs exactly once, on possibly empty rows."""
+        labels) share the image tables' single call -> (embeds [B, S, H], extra embeds [M, C, H]). Rows of type
+        2/4 project their C code embeddings with `img_embeddings_proj`, the others embed column 0 with
+        `word_embeddings`; each table runs exactly once, on possibly empty rows."""
         cfg = self.config
         batch, seq, cols = input_ids.shape
         n_codebooks = cfg.num_codebooks

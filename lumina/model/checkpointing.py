@@ -1,14 +1,9 @@
 """Activation checkpointing (`LuminaConfig.gradient_checkpointing`), applied to a built model from outside its
-code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on recompute. The
-model's own code is plain; the training build (`LuminaModule.configure_model`) applies the config's policy.
+code by `apply_checkpointing` (as torchtitan's apply_ac), with every router's top-k replayed on recompute.
 
-A recompute could select other experts than the forward did (another kernel, bf16 reductions, an expert bias
-changed in between); the dispatch would then split tokens differently from the saved activations.
-`Checkpointer` runs a function under non-reentrant `torch.utils.checkpoint` with a `RoutingTape` per call:
-the forward records the top-k ids of every router the call runs, the recompute replays them in the same
-order. In both passes each router recomputes its weights from its logits at the final ids
-(`MoERouter.weigh`), so both passes build the same graph and the gradients equal those of the `none` policy
-bit for bit, on one device or under FSDP2, whatever the router.
+A recompute could select other experts than the forward did (another kernel, bf16 reductions, a changed
+expert bias). So the forward records each router's top-k ids on a `RoutingTape`, the recompute replays them,
+and both recompute the weights at those ids (`MoERouter.weigh`): gradients equal the `none` policy's bit for bit.
 """
 
 from __future__ import annotations
@@ -34,10 +29,6 @@ class RoutingTape:
         self.ids: list[torch.Tensor] = []
         self.cursor: int | None = None  # None while recording; else the next entry to replay
 
-    def rewind(self) -> None:
-        """Start replaying from the first recorded entry (each recompute replays the whole tape)."""
-        self.cursor = 0
-
     def take(self, ids: torch.Tensor) -> torch.Tensor:
         """Record `ids` [T, k] (forward) or return the recorded ids in their place (recompute)."""
         if self.cursor is None:
@@ -60,7 +51,7 @@ class _TapeContext:
 
     def __enter__(self) -> None:
         if self.replay:
-            self.tape.rewind()
+            self.tape.cursor = 0  # each recompute replays the whole tape
         self.previous, self.owner.tape = self.owner.tape, self.tape
 
     def __exit__(self, *exc: object) -> None:
@@ -68,8 +59,7 @@ class _TapeContext:
 
 
 class Checkpointer:
-    """`checkpointer(fn, *args)` = `fn(*args)` under non-reentrant checkpointing; forward hooks on `routers`
-    record / replay their top-k inside such calls and leave every other call alone."""
+    """`checkpointer(fn, *args)` = `fn(*args)` under non-reentrant checkpointing, the routers' top-k replayed."""
 
     def __init__(self, routers: Iterable[MoERouter]) -> None:
         self.tape: RoutingTape | None = None
@@ -85,9 +75,7 @@ class Checkpointer:
         return _TapeContext(self, tape, replay=False), _TapeContext(self, tape, replay=True)
 
     def _route(self, router: MoERouter, args: object, routing: Routing) -> Routing | None:
-        """Router forward hook: the recorded ids in a recompute, the weights re-gathered in both passes. Outside
-        a checkpointed call it returns None; inside, the tape's Python state is read by `_replay`, never
-        compiled (`lumina.model.compile`)."""
+        """Router forward hook: None outside a checkpointed call; inside, `_replay` (never compiled)."""
         if self.tape is None:
             return None
         return self._replay(router, routing)
@@ -104,23 +92,19 @@ class Checkpointer:
 
 
 class Checkpointed:
-    """A module's method replaced on its instance by `apply_checkpointing`: while autograd records, the
-    original `fn` under `checkpointer`, in chunks of `rows` along dim 0 of every argument when rows > 0 (the
-    rows must then be independent); otherwise the plain call."""
+    """A method `apply_checkpointing` replaced: while autograd records, `fn` under `checkpointer`, in chunks of
+    `rows` independent rows along dim 0 of every argument when rows > 0; otherwise the plain call."""
 
     def __init__(self, fn: Callable[..., Any], checkpointer: Checkpointer, rows: int = 0) -> None:
         self.fn, self.checkpointer, self.rows = fn, checkpointer, rows
 
     def __call__(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or (self.rows > 0 and args[0].shape[0] == 0):
             return self.fn(*args)
         if self.rows <= 0:
             return self.checkpointer(self.fn, *args)
-        num_rows, rows = args[0].shape[0], self.rows
-        if num_rows == 0:
-            return self.fn(*args)
-        return torch.cat([self.checkpointer(self.fn, *(a[i:i + rows] for a in args))
-                          for i in range(0, num_rows, rows)])
+        return torch.cat([self.checkpointer(self.fn, *(a[i:i + self.rows] for a in args))
+                          for i in range(0, args[0].shape[0], self.rows)])
 
 
 def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:

@@ -1,19 +1,8 @@
 """`apply_compile`: `torch.compile` each decoder layer and the channel head of a built `LuminaModel`, in place
-(per block, as torchtitan's `apply_compile`): the modules keep their state-dict keys and their hooks (FSDP2's
-unshard, the participation tracker) run outside the compiled code, because only methods are replaced on the
-instances: `forward`, and the FFN and channel-blocks seams that checkpointing wraps.
-
-Graph breaks that remain, each where a pack's host facts decide the work:
-- the attention core (`lumina.attention.attend`, sequence parallelism's all-to-all around it): per-segment
-  calls planned from the spec's bounds;
-- the routed experts (`MoE.run_experts`, local or expert-parallel): per-expert counts decide the GEMM groups
-  and the all-to-all splits;
-- under activation checkpointing, the routers' record / replay of their top-k (`Checkpointer`'s hook state)
-  and the checkpointed call itself (`full`: around the compiled layer; `selective`: the compiled layer calls
-  the checkpointed, separately compiled `ffn`).
-Between them the compiler fuses the norms, RoPE, the SwiGLU gates, the routers' scoring and top-k, the
-channel head's LayerNorm / adaLN / GELU. The channel head's row count varies from pack to pack and is
-compiled dynamic from the first call; the decoder layers see [B, S, H] (S fixed by the data config)."""
+(per block, as torchtitan's `apply_compile`): only methods are replaced on the instances (`forward`, and the
+FFN and channel-blocks seams that checkpointing wraps), so the modules keep their state-dict keys and their
+hooks (FSDP2's unshard, the participation tracker) run outside the compiled code. The graph breaks that
+remain (attention core, routed experts, the checkpointing router replay) and why: experiments/compile.md."""
 
 from __future__ import annotations
 
@@ -29,8 +18,7 @@ COMPILED = "_lumina_compiled"  # marks a function `apply_compile` made
 
 
 def _dynamic_rows(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """`fn` compiled with dim 0 of every tensor argument (the image rows) dynamic from the first call, without
-    0/1 specialisation (a pack with no or one image row compiles nothing new)."""
+    """`fn` compiled with dim 0 of every argument (the image rows) dynamic from the first call, 0 and 1 included."""
     compiled = torch.compile(fn)
 
     def run(*args: torch.Tensor) -> torch.Tensor:
@@ -41,8 +29,7 @@ def _dynamic_rows(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
 
 
 def _compile_method(module: nn.Module, name: str, dynamic_rows: bool = False) -> None:
-    """Replace `module.<name>` on the instance by its compiled form; a method `apply_checkpointing` replaced
-    keeps its checkpointing and gets its inner function compiled (checkpoint around compiled code)."""
+    """Replace `module.<name>` on the instance by its compiled form (a `Checkpointed` one: its inner function)."""
     method: Any = getattr(module, name)
     owner, attr = (method, "fn") if isinstance(method, Checkpointed) else (module, name)
     fn = getattr(owner, attr)
@@ -54,15 +41,12 @@ def _compile_method(module: nn.Module, name: str, dynamic_rows: bool = False) ->
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Compile `model`'s decoder layers (their `forward` and `ffn`, the sub-block selective checkpointing
-    runs) and its channel head's blocks (`ImageHead.run`), in place. Apply after
-    `apply_checkpointing` (applying that again drops the compiled forms; apply this again after it) and
-    before a sharding strategy wraps the layers; applying twice changes nothing."""
-    # A checkpointed recompute must run the graphs its forward ran; dynamo's most-recently-used reordering of a
-    # frame's cache entries can pick another one whose guards also pass (pytorch/pytorch#166926).
+    """Compile `model`'s decoder layers (`forward`, `ffn`) and its image head's `run`, in place (idempotent).
+    Apply after `apply_checkpointing` (which drops the compiled forms) and before a sharding strategy wraps
+    the layers."""
+    # a recompute must run its forward's graphs, not another cache entry whose guards pass (pytorch#166926)
     torch._C._dynamo.eval_frame._set_lru_cache(False)
-    # The Checkpointer's router hooks come and go with `apply_checkpointing`: guard on module hooks, so that
-    # graphs traced without them are not reused once they are registered (by default dynamo skips that guard).
+    # graphs traced without the Checkpointer's router hooks must not be reused once they are registered
     torch._dynamo.config.skip_nnmodule_hook_guards = False
     for layer in model.model.layers:
         _compile_method(layer, "forward")

@@ -1,14 +1,8 @@
 """The MoE dispatcher seam: how routed token copies reach the (possibly remote) experts and come back.
 
-Protocol (an object held as `moe.dispatcher`, replaceable, e.g. by the expert-parallel all-to-all one):
-
-    run_experts(x [T, H], topk_ids int64 [T, k], topk_weights fp32 [T, k], experts) -> y [T, H] in x's dtype
-        sum_k w[t, k] * expert_{topk_ids[t, k]}(x[t]), the weighting and sum done in fp32.
-
-`LocalDispatcher` (all experts on this device) hands the experts the tokens and their `RoutedCopies`: they
-gather, compute and weigh in one step. The expert-parallel dispatcher sorts the copies (`group_by_expert`),
-all-to-alls them between the gather and the experts' grouped SwiGLU and back, and sums them
-(`lumina.model.experts.combine_copies`)."""
+Protocol of `moe.dispatcher` (replaceable, e.g. by the expert-parallel all-to-all one): run_experts(x [T, H],
+topk_ids int64 [T, k], topk_weights fp32 [T, k], experts) -> y [T, H] in x's dtype, sum_k w[t, k] *
+expert_{topk_ids[t, k]}(x[t]) weighted and summed in fp32."""
 
 from __future__ import annotations
 
@@ -33,12 +27,10 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Ten
 
 
 class LocalDispatcher:
-    """All experts live on this device: the experts gather the copies, compute and weigh them in one autograd
-    step that keeps no [T * k, H] tensor (`lumina.model.experts.routed_swiglu`)."""
+    """All experts on this device, gathering, computing and weighing the copies in one step (`routed_swiglu`)."""
 
     def run_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     experts: nn.Module) -> torch.Tensor:
-        """x [T, H], topk_ids [T, k], topk_weights [T, k] -> y [T, H] in x's dtype (`experts`: a
-        `GroupedExperts`-like module holding all experts)."""
+        """The protocol's `run_experts`; `experts`: a `GroupedExperts`-like module holding all experts."""
         order, tokens_per_expert = group_by_expert(topk_ids, experts.num_local_experts)
         return experts(x, tokens_per_expert, RoutedCopies(order, topk_weights.float()))

@@ -1,19 +1,10 @@
 """Routed experts with fused parameters (`mlp.experts.{gate,up,down}_proj`, no `.weight` suffix):
 `gate_proj`/`up_proj` [E, I, H], `down_proj` [E, H, I].
 
-One computation, the SwiGLU of each expert over expert-sorted rows, in two forms:
-
-- `reference_swiglu`: one matmul per expert, autograd's own backward (the readable reference; backend "loop",
-  and where `torch._grouped_mm` cannot run: dtype, alignment, device);
-- the fused form (backend "grouped_mm"): three `torch._grouped_mm` calls forward, `_swiglu_backward` backward.
-  It saves the rows, gate x and up x only (the hidden product is recomputed elementwise) and writes the
-  gradients of gate x and up x into those saved tensors.
-
-Two callers: `grouped_swiglu` takes rows already sorted by expert (the expert-parallel path, after its
-all-to-all); `routed_swiglu` takes the T tokens and their `RoutedCopies` (the local path): gather -> SwiGLU ->
-weighted combine in one Function that keeps no [T*k, H] tensor for the backward. The combine's weight
-gradient has one formula, `combine_weight_grad`, used by the fused path and by `combine_copies` (the
-expert-parallel path and the reference)."""
+Each expert's SwiGLU over expert-sorted rows: `reference_swiglu` (a matmul per expert; backend "loop", and
+wherever `torch._grouped_mm` cannot run) or fused (backend "grouped_mm": `torch._grouped_mm`, saving only the
+rows, gate x and up x). `grouped_swiglu` takes rows sorted by expert (expert parallel); `routed_swiglu` takes
+the tokens and their `RoutedCopies`, gathering, computing and combining with no [T*k, H] tensor kept."""
 
 from __future__ import annotations
 
@@ -24,19 +15,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from lumina.model.config import MOE_BACKENDS
+
 
 def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `torch._grouped_mm(x [N, K], weight^T)` runs here: dtype, device and 16-byte row alignment."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != weight.dtype:
         return False
-    if x.device.type == "cpu":
-        ok_dtype = x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    elif x.device.type == "cuda":
-        ok_dtype = x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
-    else:
-        ok_dtype = False
-    size = x.element_size()
-    return ok_dtype and all(d * size % 16 == 0 for d in weight.shape[1:])
+    cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    cuda = (x.device.type == "cuda" and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return (cpu or cuda) and all(d * x.element_size() % 16 == 0 for d in weight.shape[1:])
 
 
 def _fused(backend: str, x: torch.Tensor, gate: torch.Tensor, down: torch.Tensor) -> bool:
@@ -61,8 +50,7 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def sum_copies(rows: torch.Tensor, inverse: torch.Tensor, top_k: int,
                weights: torch.Tensor | None = None) -> torch.Tensor:
     """rows [T*k, W] in expert-sorted order (copy t*k + s at row inverse[t*k + s]) -> [T, W]: each token's k
-    rows weighted by weights [T, k] in the accumulation dtype, or plainly summed in rows' dtype. The copies
-    are gathered COMBINE_CHUNK_BYTES at a time (no second [T*k, W] tensor)."""
+    rows weighted by weights [T, k] in the accumulation dtype, or summed in rows' dtype; gathered in chunks."""
     num_tokens, width = inverse.numel() // top_k, rows.shape[1]
     acc = rows.dtype if weights is None else accumulation_dtype(rows.dtype)
     step = max(1, COMBINE_CHUNK_BYTES // (top_k * width * torch.finfo(acc).bits // 8))
@@ -84,18 +72,15 @@ def row_weights(weights: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 def combine_weight_grad(grad_out: torch.Tensor, out: torch.Tensor, order: torch.Tensor,
                         weights: torch.Tensor) -> torch.Tensor:
-    """The combine's one weight-gradient formula: d/dw[t, s] = <grad of token t, output of copy (t, s)>, per
-    expert-sorted row of grad_out, out [T*k, W] in the accumulation dtype (W = H, or I for the fused path's
-    <down^T grad, hidden>) -> [T, k] in slot order (order is a permutation: no scatter-add)."""
+    """The combine's one weight gradient d/dw[t, s] = <grad of token t, output of copy (t, s)>, from expert-sorted
+    grad_out, out [T*k, W] (W = H, or I for the fused path's <down^T grad, hidden>) -> [T, k] in slot order."""
     acc = accumulation_dtype(out.dtype)
     per_row = torch.linalg.vecdot(grad_out.to(acc), out.to(acc))
     return per_row.new_empty(per_row.shape).index_copy_(0, order, per_row).view_as(weights).to(weights.dtype)
 
 
 class _Combine(torch.autograd.Function):
-    """(rows [T*k, H] sorted by expert, weights fp32 [T, k]) -> sum_s w[t, s] * rows[inverse[t*k + s]] [T, H],
-    weighted and summed in fp32, returned in rows' dtype. Saves rows in their own dtype (no fp32 copy).
-    Backward works in the rows' order: grad_rows[n] = w[order[n]] * grad[order[n] // k] (no scatter)."""
+    """`combine_copies`; saves rows in their own dtype (no fp32 copy), backward in the rows' order (no scatter)."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,  # noqa: ANN001
@@ -151,13 +136,10 @@ def _swiglu_backward(grad: torch.Tensor, x: torch.Tensor, index: torch.Tensor | 
                      up: torch.Tensor, down: torch.Tensor, offsets: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
                      needs: tuple[bool, ...], order: torch.Tensor | None = None,
                      weights: torch.Tensor | None = None) -> list[torch.Tensor | None]:
-    """Gradients of (rows, weights, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y, each row n scaled
-    by weights [T, k] at copy order[n] when given, from grad[index] (or grad) [N, H], the gradient of the
-    unscaled rows' output. Overwrites g and u. One H-wide buffer holds the rows' gradient, then the rows (gathered into it);
-    the hidden product's buffer then holds the gradient of silu(gate x): no fresh tensor for either.
-
-    The weight gradient `combine_weight_grad` <grad_y, y_n> is taken as <down_e^T grad_y, hidden_n> (no y
-    kept); the row weight is applied to the I-wide tensors, never to an H-wide one."""
+    """Gradients of (rows, weights, gate, up, down) of `_swiglu_forward(x, index, ...)`'s y from grad[index]
+    (or grad) [N, H], each row n scaled by weights [T, k] at copy order[n] when given (on the I-wide tensors
+    only; the weight gradient is <down_e^T grad_y, hidden_n>, no y kept). Overwrites g and u; reuses the
+    buffers of grad_y and the hidden product instead of allocating new ones."""
     need_rows, need_w, need_gate, need_up, need_down = needs
     grad_w = grad_gate = grad_up = grad_down = grad_rows = hidden = None
     row_weight = None if weights is None else row_weights(weights, order)  # [N, 1]
@@ -198,8 +180,7 @@ def _refuse_second_backward(ctx: torch.autograd.function.FunctionCtx) -> None:
 
 
 class _GroupedSwiGLU(torch.autograd.Function):
-    """rows [N, H] sorted by expert -> [N, H]; outputs and gradients equal to autograd through the plain
-    composition of the three grouped GEMMs, to the bit."""
+    """rows [N, H] sorted by expert -> [N, H]; autograd's results through the three grouped GEMMs, to the bit."""
 
     @staticmethod
     def forward(ctx, rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,  # noqa: ANN001
@@ -220,8 +201,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
 
 def grouped_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                    tokens_per_expert: torch.Tensor, backend: str = "grouped_mm") -> torch.Tensor:
-    """rows [N, H] sorted by expert (runs of sizes tokens_per_expert int [E]); gate/up [E, I, H], down
-    [E, H, I] -> [N, H]."""
+    """rows [N, H] sorted by expert (runs of sizes tokens_per_expert int [E]) -> [N, H]."""
     if not _fused(backend, rows, gate, down):
         return reference_swiglu(rows, gate, up, down, tokens_per_expert)
     offsets = tokens_per_expert.cumsum(0).to(torch.int32)
@@ -230,22 +210,18 @@ def grouped_swiglu(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, dow
 
 @dataclass
 class RoutedCopies:
-    """The T*k routed copies of T tokens, for experts that gather their own rows and weigh their own outputs.
-    order: int64 [T*k], the flat (token, slot) index t*k + s of the copy at each expert-sorted row (token order
-    kept inside an expert); weights: fp32 [T, k]."""
+    """The T*k routed copies of T tokens, for experts that gather their own rows and weigh their own outputs."""
 
+    # int64 [T*k]: the flat (token, slot) index t*k + s of the copy at each expert-sorted row (token order kept
+    # inside an expert)
     order: torch.Tensor
-    weights: torch.Tensor
+    weights: torch.Tensor  # fp32 [T, k]
 
 
 class _RoutedSwiGLU(torch.autograd.Function):
-    """x [T, H] -> sum_s w[t, s] * down_e(silu(gate_e x_t) * up_e x_t) [T, H], e = the expert of copy (t, s):
-    gather, `_swiglu_forward`, weighted combine (in the accumulation dtype, through the inverse permutation:
-    deterministic).
-
-    Saves x (the layer keeps it anyway), the weights, the order, gate x and up x [T*k, I]; the gathered rows
-    are re-gathered from x in the backward, the expert outputs are not kept. Recomputable under non-reentrant
-    checkpointing (the saved tensors are deterministic given the routing)."""
+    """`routed_swiglu`'s fused form: gather, `_swiglu_forward`, deterministic weighted combine. Saves x, the
+    weights, the order, gate x and up x [T*k, I] (rows are re-gathered in the backward, the expert outputs
+    not kept); recomputable under non-reentrant checkpointing."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,  # noqa: ANN001
@@ -271,8 +247,7 @@ class _RoutedSwiGLU(torch.autograd.Function):
 def routed_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
                   tokens_per_expert: torch.Tensor, copies: RoutedCopies, backend: str = "grouped_mm") -> torch.Tensor:
     """x [T, H] tokens; copies.order [T*k] sorted by expert (runs of sizes tokens_per_expert int [E]) ->
-    sum_s w[t, s] * expert_{e(t, s)}(x[t]) [T, H] in x's dtype, weighted and summed in fp32: gather ->
-    SwiGLU -> weighted combine."""
+    sum_s w[t, s] * expert_{e(t, s)}(x[t]) [T, H] in x's dtype, weighted and summed in fp32."""
     if _fused(backend, x, gate, down):
         return _RoutedSwiGLU.apply(x, copies.weights, gate, up, down, copies.order, tokens_per_expert)
     rows = reference_swiglu(x.index_select(0, copies.order // copies.weights.shape[1]), gate, up, down,
@@ -291,8 +266,8 @@ class GroupedExperts(nn.Module):
     def __init__(self, num_local_experts: int, hidden_size: int, intermediate_size: int, backend: str = "grouped_mm",
                  std: float = 0.02) -> None:
         super().__init__()
-        if backend not in ("grouped_mm", "loop"):
-            raise ValueError(f"GroupedExperts.backend={backend!r}: must be 'grouped_mm' or 'loop'")
+        if backend not in MOE_BACKENDS:
+            raise ValueError(f"GroupedExperts.backend={backend!r}: must be one of {MOE_BACKENDS}")
         self.num_local_experts = num_local_experts
         self.backend = backend
         self.std = std

@@ -1,25 +1,15 @@
-"""Analytic FLOPs of one training step of a `LuminaModel` on one pack.
-
-Convention (what `torch.utils.flop_counter.FlopCounterMode` counts, and what MFU divides by):
-- only matrix products count, a multiply-add is 2 FLOPs; norms, activations, RoPE, softmax and the loss's
-  elementwise work are left out;
-- training = 3 x forward for the GEMMs: the backward of each product forms the gradients of both operands
-  (2 products), and every operand here needs one (embedding outputs and weights included). The fused head
-  losses form those gradients in their forward; they are the same 3 products per head;
-- training = 3.5 x forward for attention's two products (Q K^T, P V): fused attention backwards (flash,
-  memory-efficient, SDPA's CPU kernel) recompute Q K^T before the 4 gradient products, and
-  FlopCounterMode counts that recompute too;
-- activation recompute (`gradient_checkpointing` full or selective) is not counted: these are model FLOPs, so
-  MFU under checkpointing understates how busy the hardware is (PaLM, appendix B);
-- attention counts the (query, key) pairs its backend computes, per query head, as the backend's class
-  declares (`Backend.pairs`): S^2 per pack for `Pairs.DENSE` (`sdpa_dense`: masked pairs included), the sum
-  of L_i^2 over the segments for `Pairs.SEGMENTS` (`segmented`, `flash_varlen`), and the pairs the
-  block-diffusion mask lets through for `Pairs.ALLOWED` (`flex`, which skips masked blocks; at its 128 x 128
-  block granularity it computes somewhat more);
-- every position of the pack runs through the backbone (tail padding too) and through k routed experts plus
-  the shared one; the text head runs on supervised text rows, the channel head and the C codebook heads on
-  supervised image rows, `img_embeddings_proj` on image input rows (types 2 and 4);
-- left out: the attention backends' O(S hd^2) fill of fully masked padding rows (under 1% at 3% padding).
+"""Analytic FLOPs of one training step of a `LuminaModel` on one pack, as torch's `FlopCounterMode` counts
+them (what MFU divides by): matrix products only, a multiply-add = 2 FLOPs.
+- training = 3 x forward for the GEMMs (each backward forms both operands' gradients; the fused head losses
+  form them in their forward), 3.5 x for attention's Q K^T and P V (fused backwards recompute Q K^T);
+- activation recompute is not counted (model FLOPs: MFU under checkpointing understates the hardware's load);
+- attention counts the (query, key) pairs its backend computes per query head (`Backend.pairs`): S^2 per pack
+  for `Pairs.DENSE`, sum of L_i^2 over the segments for `Pairs.SEGMENTS`, the pairs the block-diffusion mask
+  allows for `Pairs.ALLOWED` (`flex`; at its 128 x 128 blocks it computes more);
+- every position runs through the backbone (tail padding too), k routed experts and the shared one; the text
+  head runs on supervised text rows, the image head and the codebook heads on supervised image rows,
+  `img_embeddings_proj` on image input rows (types 2 and 4). Left out: the backends' O(S hd^2) fill of fully
+  masked padding rows (under 1% at 3% padding).
 """
 
 from __future__ import annotations
@@ -31,15 +21,9 @@ from lumina.attention.backend import backend_class
 from lumina.data.batch import PackedBatch
 from lumina.model.config import LuminaConfig
 from lumina.model.image_heads import ImageHeadMACs, build_image_head
-from lumina.model.supervision import PackRows
+from lumina.model.supervision import PackRows, segment_lengths
 
 ATTENTION_PARTS = ("attention_core", "channel_attention")  # 3.5 x forward in training; the other parts 3 x
-
-
-def segment_lengths(batch: PackedBatch) -> list[int]:
-    """The pack's segment lengths (from seg_bounds, else one host read of cu_seqlens)."""
-    bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
-    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def visible_pairs(batch: PackedBatch, rule: str = "auto") -> int:
@@ -51,8 +35,7 @@ def visible_pairs(batch: PackedBatch, rule: str = "auto") -> int:
 
 
 def attention_pairs(batch: PackedBatch, backend: str, rule: str = "auto") -> int:
-    """Per query head, the (query, key) pairs `backend` computes on `batch` under the attention `rule` (see the
-    module docstring)."""
+    """Per query head, the (query, key) pairs `backend` computes on `batch` under the attention `rule`."""
     batch_size, seq_len = batch.type_ids.shape
     pairs = backend_class(backend).pairs
     if pairs is Pairs.DENSE:
@@ -75,8 +58,7 @@ def pack_attention_pairs(batch: PackedBatch, backend: str, rule: str = "auto") -
 
 
 def nominal_attention_pairs(rows: PackRows, backend: str) -> int:
-    """The pairs of a pack of `rows` in samples of rows.segment_len (those of `flex` are bounded by
-    `segmented`'s)."""
+    """The pairs of a pack of `rows` in samples of rows.segment_len (`flex`'s bounded by `segmented`'s)."""
     dense = backend_class(backend).pairs is Pairs.DENSE
     return rows.positions * (rows.positions if dense else rows.segment_len)
 
@@ -99,11 +81,8 @@ def image_head_macs(config: LuminaConfig) -> ImageHeadMACs:
 
 
 def forward_flops(config: LuminaConfig, rows: PackRows, pairs: int) -> dict[str, int]:
-    """Forward FLOPs of one pack of `rows` whose attention computes `pairs` (query, key) pairs per query head,
-    by part: embed, attention (projections), attention_core (Q K^T and P V),
-    dense_ffn, router, experts (the k routed ones), shared_expert, combine (weighting the k outputs),
-    text_head, channel_head (the image head's linear layers), channel_attention (its attention products),
-    image_heads (the C codebook heads)."""
+    """Forward FLOPs by part of one pack of `rows` whose attention computes `pairs` pairs per query head
+    (channel_head / channel_attention: the image head's linear layers / attention; image_heads: the C heads)."""
     c = config
     hidden, positions = c.hidden_size, rows.positions
     heads_width = c.num_attention_heads * c.head_dim

@@ -1,9 +1,6 @@
-"""The output heads (`lm_head`, `lm_img_head.{c}`) and `LuminaHeads`, the one way to use them
-(`LuminaModel.heads()`, `LuminaOutput.heads`): head inputs into logits (on demand: generation, evaluation) or
-into chunked, fused cross-entropies (training).
-
-A head's loss goes through the module's own call, `head(x, targets, row_weight)`, so forward hooks (FSDP2's
-unshard, the participation tracker) see it exactly as they see `head(x)`."""
+"""The output heads (`lm_head`, `lm_img_head.{c}`) and `LuminaHeads`, the one way to use them: head inputs into
+logits (generation, evaluation) or into chunked, fused cross-entropies (training). A head's loss goes through
+the module's own call, so forward hooks (FSDP2's unshard, the participation tracker) see it as `head(x)`."""
 
 from __future__ import annotations
 
@@ -17,9 +14,8 @@ from lumina.model.linear_ce import HeadLoss, linear_cross_entropy
 
 
 class Head(Linear):
-    """`head(x [N, H])` -> logits [N, V]; `head(x, targets [N], row_weight [N])` -> `HeadLoss` from
-    `linear_cross_entropy` (no [N, V] tensor). chunk_rows: 0 = auto; check_finite: raise FloatingPointError
-    naming `stage` when the logits (or the per-row CE) hold inf/nan."""
+    """`head(x [N, H])` -> logits [N, V]; `head(x, targets [N], row_weight [N])` -> `linear_cross_entropy`'s
+    `HeadLoss`. check_finite: raise FloatingPointError naming `stage` on inf/nan logits (or per-row CE)."""
 
     def __init__(self, in_features: int, out_features: int, std: float, chunk_rows: int = 0,
                  check_finite: bool = False, stage: str = "logits") -> None:

@@ -1,18 +1,14 @@
 """Fused linear + cross-entropy in row chunks: the loss of a head without its full logits.
 
-    total, ce, preds = linear_cross_entropy(x [N, H], weight [V, H], bias [V] | None, targets [N],
-                                            row_weight fp32 [N], chunk_rows)
     total = sum_i row_weight[i] * ce[i]     (fp32 scalar, differentiable w.r.t. x, weight, bias)
     ce    = -log softmax(x W^T + b)[target] (fp32 [N], detached)
     preds = argmax of the logits            (int64 [N], detached)
 
-The forward walks the rows `chunk_rows` at a time through one reused [chunk, V] fp32 buffer: logits,
-log-sum-exp, CE and argmax, then (softmax - onehot) * row_weight in place, which gives this chunk's share of
-the gradients of x, weight and bias at once. Backward only scales them by the incoming gradient of `total`,
-so the head costs the same three GEMMs as autograd through full logits, while nothing of size [N, V] exists.
-Logits are formed in the head's compute dtype (autocast's where it is on, else the inputs') and upcast (as
-`F.cross_entropy(logits.float())` after a bf16 head); weight and bias gradients are accumulated in fp32, and
-every gradient is returned in its input's dtype.
+The forward walks the rows `chunk_rows` at a time through one reused [chunk, V] fp32 buffer: logits, CE,
+argmax, then (softmax - onehot) * row_weight in place, this chunk's share of the gradients of x, weight and
+bias. Backward only scales them by the gradient of `total`: the same three GEMMs as autograd through full
+logits, with nothing of size [N, V]. Logits are formed in the head's compute dtype (autocast's where it is on,
+else the inputs') and upcast; weight and bias gradients accumulate in fp32 and return in their input's dtype.
 """
 
 from __future__ import annotations
@@ -22,9 +18,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-# fp32 logits per chunk. Every chunk re-reads the weight and updates the fp32 weight gradient ([V, H] each), so
-# small chunks are slow on CPU (V = 157184, H = 256, 512 rows: 3.2x full-logits autograd at 8 MiB, 1.3x at 32 MiB,
-# about 1x from 128 MiB up); the one buffer is allocated once per call.
+# fp32 logits per chunk (one buffer per call). Every chunk re-reads the weight and updates its fp32 gradient, so
+# small chunks are slow on CPU (V = 157184, H = 256: 3.2x full-logits autograd at 8 MiB, about 1x from 128 MiB).
 CHUNK_BYTES = 256 * 2**20
 
 
@@ -44,20 +39,10 @@ def auto_chunk_rows(num_classes: int) -> int:
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001
-                targets: torch.Tensor, row_weight: torch.Tensor, chunk_rows: int):  # noqa: ANN205
+                targets: torch.Tensor, row_weight: torch.Tensor, chunk_rows: int,
+                dtype: torch.dtype):  # noqa: ANN205
+        """Runs with autocast off; `dtype` is the head's compute dtype."""
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        # the head's compute dtype: autocast's where it is on (as F.linear would run), else the inputs'
-        device_type = x.device.type
-        dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
-                 else torch.promote_types(x.dtype, weight.dtype))
-        with torch.autocast(device_type, enabled=False):
-            return _LinearCrossEntropy._run(ctx, x, weight, bias, targets, row_weight, chunk_rows, dtype,
-                                            need_x, need_w, need_b)
-
-    @staticmethod
-    def _run(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # noqa: ANN001, ANN205
-             targets: torch.Tensor, row_weight: torch.Tensor, chunk_rows: int, dtype: torch.dtype,
-             need_x: bool, need_w: bool, need_b: bool):
         num_rows, num_classes = x.shape[0], weight.shape[0]
         x_dtype, w_dtype, b_dtype = x.dtype, weight.dtype, None if bias is None else bias.dtype
         x, weight = x.to(dtype), weight.to(dtype)
@@ -110,7 +95,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                "were computed in the forward and handed out in the first backward")
         grads, ctx.grads = ctx.grads, None
         scaled = tuple(None if g is None else g.mul_(grad_total.to(g.dtype)) for g in grads)
-        return (*scaled, None, None, None)
+        return (*scaled, None, None, None, None)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -125,4 +110,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if chunk_rows < 0:
         raise ValueError(f"linear_cross_entropy: chunk_rows={chunk_rows} must be >= 0 (0 = auto)")
     chunk = chunk_rows or auto_chunk_rows(weight.shape[0])
-    return HeadLoss(*_LinearCrossEntropy.apply(x, weight, bias, targets.long(), row_weight.float(), chunk))
+    device_type = x.device.type
+    dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
+             else torch.promote_types(x.dtype, weight.dtype))
+    with torch.autocast(device_type, enabled=False):
+        return HeadLoss(*_LinearCrossEntropy.apply(x, weight, bias, targets.long(), row_weight.float(), chunk, dtype))

@@ -12,26 +12,14 @@ from lumina.model.experts import GroupedExperts
 from lumina.model.lumina_model import LuminaModel
 
 
-def _as_model(model_or_config: LuminaModel | LuminaConfig) -> LuminaModel:
-    if isinstance(model_or_config, LuminaModel):
-        return model_or_config
-    with torch.device("meta"):
-        return LuminaModel(model_or_config)
-
-
-def count_parameters(model_or_config: LuminaModel | LuminaConfig) -> int:
-    """All parameters (buffers excluded)."""
-    return sum(p.numel() for p in _as_model(model_or_config).parameters())
-
-
 @dataclass(frozen=True)
 class ParameterCounts:
-    """dense: every parameter but the routed experts; experts: the routed experts of every MoE layer;
-    units: (dense, experts) parameters of each FSDP unit: the conditional modules (embedding tables, the
-    image projection, heads) and the decoder layers (`layers.{i}`, with their experts)."""
+    """Parameter counts of a model."""
 
-    dense: int
-    experts: int
+    dense: int  # every parameter but the routed experts
+    experts: int  # the routed experts of every MoE layer
+    # (dense, experts) of each FSDP unit: the conditional modules (embedding tables, the image projection,
+    # heads) and the decoder layers (`layers.{i}`, with their experts)
     units: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
@@ -41,7 +29,10 @@ class ParameterCounts:
 
 def parameter_counts(model_or_config: LuminaModel | LuminaConfig) -> ParameterCounts:
     """The parameters of the model (a config's model is built on the meta device)."""
-    model = _as_model(model_or_config)
+    model = model_or_config
+    if isinstance(model, LuminaConfig):
+        with torch.device("meta"):
+            model = LuminaModel(model)
     routed = {id(p) for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()}
 
     def split(module: nn.Module) -> tuple[int, int]:
@@ -53,22 +44,3 @@ def parameter_counts(model_or_config: LuminaModel | LuminaConfig) -> ParameterCo
     units |= {f"layers.{i}": split(layer) for i, layer in enumerate(model.model.layers)}
     dense, experts = split(model)
     return ParameterCounts(dense, experts, units)
-
-
-def active_parameters_per_text_token(model_or_config: LuminaModel | LuminaConfig) -> int:
-    """Parameters one text token's forward touches: everything except the embedding lookups and the image-side
-    modules (`conditional_modules` other than `lm_head`), with routed experts counted at k of E per layer."""
-    model = _as_model(model_or_config)
-    skipped = {id(p) for name, module in model.conditional_modules().items() if name != "lm_head"
-               for p in module.parameters()}
-    total = 0
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            if id(p) in skipped:
-                continue
-            if isinstance(module, GroupedExperts):
-                k = model.config.num_experts_per_tok
-                total += p.numel() // module.num_local_experts * k
-            else:
-                total += p.numel()
-    return total

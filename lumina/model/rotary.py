@@ -14,8 +14,7 @@ def inverse_frequencies(rotary_dim: int, theta: float, device: torch.device | No
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds the non-persistent `inv_freq` buffer; `forward(position_ids [B, S], dtype)` -> cos, sin
-    [B, S, rotary_dim] in `dtype` (computed in fp32)."""
+    """`forward(position_ids [B, S], dtype)` -> cos, sin [B, S, rotary_dim] in `dtype` (computed in fp32)."""
 
     def __init__(self, rotary_dim: int, theta: float) -> None:
         super().__init__()

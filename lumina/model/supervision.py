@@ -1,8 +1,7 @@
-"""Which rows of a pack the heads supervise and the one check of its labels (`check_labels`), and `PackRows`, the one count of a pack that
-the model's FLOPs, the throughput callback and the memory estimate read.
-
-The rule (official contract 5.2/5.3): a text-answer row (type 3) is supervised when its column-0 label is
-not IGNORE_INDEX; an image-answer row (type 4) when any of its C labels is not."""
+"""Which rows of a pack the heads supervise and the one check of its labels (`check_labels`), and `PackRows`,
+the one count of a pack that the FLOPs, the throughput callback and the memory estimate read. The rule
+(official contract 5.2/5.3): a text-answer row (type 3) is supervised when its column-0 label is not
+IGNORE_INDEX; an image-answer row (type 4) when any of its C labels is not."""
 
 from __future__ import annotations
 
@@ -69,6 +68,12 @@ _LABEL_ERRORS = {
 }
 
 
+def segment_lengths(batch: PackedBatch) -> list[int]:
+    """The pack's segment lengths (from seg_bounds, else one host read of cu_seqlens)."""
+    bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
+    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 def is_image_code_row(type_ids: torch.Tensor) -> torch.Tensor:
     """type_ids [...] -> bool [...]: rows whose C columns are image codes (types 2 and 4)."""
     return (type_ids == IMAGE_CODE_TYPES[0]) | (type_ids == IMAGE_CODE_TYPES[1])
@@ -88,15 +93,13 @@ def _fraction(name: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class PackRows:
-    """What one pack holds: positions (every row runs through the backbone, tail padding too), supervised
-    text rows (the text head's), supervised image rows (the channel head's and the codebook heads'), image
-    input rows (types 2 and 4, embedded through the codebook tables) and segment_len = sum(L_i^2) / positions
-    over its segments (the segmented backend computes and caches positions x segment_len attention pairs)."""
+    """What one pack holds."""
 
-    positions: int
-    text: int
-    image: int
-    image_inputs: int
+    positions: int  # every row runs through the backbone, tail padding too
+    text: int  # supervised text rows (the text head's)
+    image: int  # supervised image rows (the image head's and the codebook heads')
+    image_inputs: int  # image input rows (types 2 and 4, embedded through the codebook tables)
+    # sum(L_i^2) / positions over the segments: the segmented backend computes positions x segment_len pairs
     segment_len: int
 
     def __post_init__(self) -> None:
@@ -113,9 +116,8 @@ class PackRows:
         """The counts of a batch (no supervised rows without labels), as `LuminaModel.forward` selects them."""
         text, image = _supervised(batch) if batch.labels is not None else (batch.type_ids.new_zeros(0),) * 2
         inputs = is_image_code_row(batch.type_ids)
-        bounds = batch.seg_bounds if batch.seg_bounds is not None else batch.cu_seqlens.tolist()
         positions = batch.type_ids.numel()
-        squares = sum((stop - start) ** 2 for start, stop in zip(bounds, bounds[1:], strict=False))
+        squares = sum(length * length for length in segment_lengths(batch))
         text, image, inputs = torch.stack([text.sum(), image.sum(), inputs.sum()]).tolist()
         return cls(positions, text, image, inputs, max(1, squares // positions))
 

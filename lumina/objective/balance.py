@@ -2,19 +2,13 @@
 
 Per MoE layer, with T valid tokens, k experts per token and E experts:
     f_i = count_i / (T * k)                  count_i = times expert i is in a valid token's top-k
-    P_i = mean over valid tokens of p_i      p = the router's `balance_probs(logits)`    (p_source "router";
-                                                 the sigmoid router's: s / sum_j s_j, s = sigmoid(logits))
-                                             p = softmax(logits)                        ("softmax", official 5.5)
+    P_i = mean over valid tokens of p_i      p = the router's `balance_probs(logits)` (p_source "router")
+                                               or softmax(logits) ("softmax", official 5.5)
     layer loss = E * sum_i f_i * P_i;  the loss is the mean over layers (times a coefficient, applied outside).
 
-Scope "batch" takes f and P over all valid tokens of the pack; scope "sequence" (DeepSeek-V3's sequence-wise
-balance loss) takes them over each packed segment (sample) and averages the segment losses, so every sample
-has to spread its own tokens instead of the pack averaging one sample's collapse against another's.
-
-With sequence parallelism a pack's tokens are spread over the ranks of `group`: the token and selection
-counts are summed over the group, each rank's P_i sums its own tokens' p_i over the global token count, and
-each rank returns its share times the group size, so the ranks' mean (what gradient averaging takes) is the
-loss of the whole pack.
+Scope "batch" takes f and P over the pack; "sequence" (DeepSeek-V3) per packed segment, averaging the segment
+losses. Under sequence parallelism the counts are summed over `group`, each rank's P_i sums its own tokens'
+p_i over the global count, and each rank returns its share times the group size (the ranks' mean is the loss).
 """
 
 from __future__ import annotations
@@ -60,10 +54,9 @@ def layer_balance_loss(router_logits: torch.Tensor, topk_ids: torch.Tensor, toke
     per-token probabilities p = probs_fn(router_logits) (`softmax_probs`, or a router's `balance_probs`).
 
     segment_ids int64 [B, S] in [0, num_segments] (num_segments = no segment, e.g. tail padding) gives the
-    mean over non-empty segments of each segment's loss; None = one segment of all tokens. group: the
-    sequence-parallel group sharing the pack (None = this rank holds it; else one all_reduce of the counts).
-    Zero valid tokens, or E <= 1 (nothing to balance; the official function returns 0 there too), give an
-    exact 0 that stays in the graph. No host sync."""
+    mean over non-empty segments of each segment's loss; None = one segment. group: the sequence-parallel
+    group sharing the pack (None = none). Zero valid tokens or E <= 1 give an exact 0 in the graph (as the
+    official function). No host sync."""
     num_experts = router_logits.shape[-1]
     k = topk_ids.shape[-1]
     if router_logits.shape[:-1] != token_valid.shape:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 TEXT_WEIGHTINGS = ("none", "inverse_t")
 P_SOURCES = ("router", "softmax")
@@ -15,26 +13,15 @@ AUX_SCOPES = ("batch", "sequence")
 
 @dataclass
 class BalanceConfig:
-    """MoE load balancing: an auxiliary loss and/or the auxiliary-loss-free expert-bias update.
+    """MoE load balancing: an auxiliary loss and/or the auxiliary-loss-free expert-bias update. selection_noise:
+    std of the Gaussian noise each router adds to the scores it selects on in training mode (noisy top-k
+    gating; 0 = off, the official routing); evaluation, generation and the combine weights never see it."""
 
-    aux_coef:    coefficient of the load-balance loss (0 switches it off).
-    aux_scope:   "batch" (f and P over the pack's valid tokens) or "sequence" (DeepSeek-V3's sequence-wise
-                 loss: f and P per packed segment, the segment losses averaged).
-    p_source:    "router" (P from the router's own `balance_probs`: for the sigmoid router its normalised
-                 sigmoid scores, what routing uses) or "softmax" (P from softmax(router_logits), the official
-                 `load_balancing_loss_func`). ("sigmoid" was renamed "router".)
-    bias_update: switch the sign-rule expert-bias update on (applied once per optimizer step).
-    bias_rate:   step size of that update.
-    selection_noise: std of the Gaussian noise each router adds to its biased scores when it selects experts
-                 in training mode (noisy top-k gating; 0 = off, the official routing). Evaluation and
-                 generation never add it; the combine weights never see it.
-    """
-
-    aux_coef: float = 0.0
-    aux_scope: str = "batch"
-    p_source: str = "router"
-    bias_update: bool = True
-    bias_rate: float = 1e-3
+    aux_coef: float = 0.0  # coefficient of the load-balance loss (0 = off)
+    aux_scope: str = "batch"  # "batch" (f and P over the pack) or "sequence" (per packed segment, DeepSeek-V3)
+    p_source: str = "router"  # P from the routers' own `balance_probs`, or "softmax" (the official loss's)
+    bias_update: bool = True  # the sign-rule expert-bias update, once per optimizer step
+    bias_rate: float = 1e-3  # its step size
     selection_noise: float = 0.0
 
     def __post_init__(self) -> None:
@@ -57,8 +44,7 @@ class ObjectiveConfig:
     """L = text_weight * sum(w(t) CE_text) / N_txt + image_weight * sum_cells(mean_c CE_c) / N_img + balance.
 
     text_weighting: "none" (w = 1, N_txt = supervised text tokens) or "inverse_t" (w(t) the masking schedule's
-                    ELBO weight at the row's noise time t, 1/t for the official schedule; N_txt = text answer
-                    tokens, masked or not).
+                    ELBO weight at the row's noise time t; N_txt = text answer tokens, masked or not).
     validate:       with inverse_t, check noise_t > 0 and answer_mask at the supervised text rows (one host
                     sync per call). The labels themselves are checked once, by the model's forward.
     """
@@ -79,9 +65,6 @@ class ObjectiveConfig:
             self.balance = BalanceConfig(**dict(self.balance))
         if not isinstance(self.balance, BalanceConfig):
             raise ValueError(f"ObjectiveConfig.balance={self.balance!r}: expected a BalanceConfig or a mapping")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _check_non_negative(name: str, value: float) -> None:

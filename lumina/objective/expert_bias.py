@@ -1,10 +1,6 @@
-"""Auxiliary-loss-free load balancing: the sign-rule update of each MoE router's expert bias (the buffer its
-`MoERouter.selection_bias()` returns).
-
-Counts accumulate over the micro-batches of one optimizer step (`accumulate`), are summed over the
-data-parallel ranks once, and are applied by `apply` from an optimizer-step hook:
+"""Auxiliary-loss-free load balancing: the sign-rule update of each router's expert bias
+(`MoERouter.selection_bias()`), from the loads of one optimizer step's micro-batches summed over the ranks:
     bias_i += rate * sign(mean_j load_j - load_i) - mean(update)     (per layer; the update is zero-mean)
-so an overloaded expert's bias goes down, an underloaded one's goes up, and a zero-mean bias stays zero-mean.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ class ExpertBiasUpdater:
 
     @torch.no_grad()
     def apply(self, biases: list[torch.Tensor]) -> torch.Tensor | None:
-        """Sum the pending counts over ranks (one all_reduce), update each bias [E] in place, reset.
-        Returns the applied update [L, E] (None when nothing was accumulated)."""
+        """Sum the pending counts over ranks, update each bias [E] in place, reset -> the update [L, E] or None."""
         if self.pending is None:
             return None
         if len(biases) != self.pending.shape[0]:

@@ -1,18 +1,12 @@
-"""`LuminaObjective`: LuminaOutput + PackedBatch -> the global-token-normalised training loss.
+"""`LuminaObjective`: LuminaOutput + PackedBatch -> the training loss `ObjectiveConfig` states.
 
-    L = text_weight * sum(w(t) CE_text) / N_txt + image_weight * sum_cells(mean_c CE_c) / N_img + balance
-
-Each N is summed over the data-parallel ranks with one all_reduce; each rank's loss is
-sum_local / N_global * world_size, so the mean over ranks that DDP/FSDP gradient averaging takes equals
-the gradient of the global-token mean. The objective never re-selects rows: targets are gathered at the
-output's `text_rows` / `image_rows`, and both head terms always join the loss (an empty row set gives an
-exact 0 connected to the graph), so every conditional module's backward runs on every rank.
-Gradient accumulation averages the micro-batch losses (Lightning divides each by accumulate_grad_batches).
+Each N is summed over the data-parallel ranks (one all_reduce) and each rank's loss is
+sum_local / N_global * world_size, so the ranks' mean that gradient averaging takes is the global-token mean.
+Targets are gathered at the output's `text_rows` / `image_rows`; both head terms always join the loss (an
+empty row set gives an exact 0 in the graph), so every conditional module's backward runs on every rank.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -22,7 +16,7 @@ from lumina.attention.rules import segment_ids
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import TokenType
 from lumina.data.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
-from lumina.model.heads import LuminaHeads
+from lumina.model.output import LuminaOutput
 from lumina.model.routers import MoERouter
 from lumina.objective.balance import ProbsFn, balance_loss, expert_load, softmax_probs
 from lumina.objective.config import ObjectiveConfig
@@ -32,28 +26,11 @@ from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
 
 
-class ModelOutput(Protocol):
-    """The fields of `lumina.model.LuminaOutput` the objective reads."""
-
-    text_states: torch.Tensor  # [Nt, H]
-    text_rows: torch.Tensor  # [Nt] flat b*S+s
-    image_states: torch.Tensor  # [Ni, C, D]
-    image_rows: torch.Tensor  # [Ni]
-    heads: LuminaHeads  # the fused losses; vocab_size, codebook_size
-    router_logits: list[torch.Tensor]  # per MoE layer [B, S, E]
-    router_topk_ids: list[torch.Tensor]  # per MoE layer [B, S, k]
-
-
 class LuminaObjective(nn.Module):
-    """Stateless apart from the expert-bias counts accumulated in training mode (`self.training`).
-
-    group: the process group whose ranks average gradients (None = the default group).
-    sequence_group: the ranks sharing this rank's pack under sequence parallelism (None = none): the
-                    balance loss's statistics are per pack. Token counts, expert loads and accuracies need no
-                    such care: the ranks of a group hold disjoint rows, so sums over `group` count each once.
-    schedule:       the masking schedule the batches were noised with (None = the official one); "inverse_t"
-                    weighting weighs each text row by its ELBO weight w(t) (1/t for the official schedule).
-    """
+    """Stateless apart from the expert-bias counts accumulated in training mode. group: the ranks that average
+    gradients (None = the default group); sequence_group: the ranks sharing this rank's pack (sequence
+    parallelism; only the balance loss's statistics are per pack); schedule: the masking schedule the batches
+    were noised with (None = the official one), whose ELBO weight w(t) the "inverse_t" weighting uses."""
 
     def __init__(self, config: ObjectiveConfig | None = None, group: dist.ProcessGroup | None = None,
                  sequence_group: dist.ProcessGroup | None = None, schedule: MaskingSchedule | None = None) -> None:
@@ -61,21 +38,19 @@ class LuminaObjective(nn.Module):
         self.config = config or ObjectiveConfig()
         self.schedule = schedule or build_schedule(DEFAULT_SCHEDULE)
         self.bias_updater = ExpertBiasUpdater(self.config.balance.bias_rate, group)
-        self.group = group
         self.sequence_group = sequence_group
         self.router_probs: ProbsFn | None = None  # the routers' `balance_probs`, given by `configure_routers`
 
     @property
     def group(self) -> dist.ProcessGroup | None:
-        return self._group
+        """The data-parallel group of both the token counts and the expert-bias counts."""
+        return self.bias_updater.group
 
     @group.setter
     def group(self, group: dist.ProcessGroup | None) -> None:
-        """Set the data-parallel group of both the token counts and the expert-bias counts."""
-        self._group = group
         self.bias_updater.group = group
 
-    def forward(self, output: ModelOutput, batch: PackedBatch) -> ObjectiveResult:
+    def forward(self, output: LuminaOutput, batch: PackedBatch) -> ObjectiveResult:
         cfg = self.config
         if batch.labels is None:
             raise ValueError("batch.labels is None; the objective needs labels")
@@ -86,10 +61,8 @@ class LuminaObjective(nn.Module):
         text_rows = output.text_rows.long()
         device = targets.text.device
 
-        if inverse_t:
-            num_text = (batch.answer_mask & (batch.type_ids == TokenType.TEXT_ANSWER)).sum()
-        else:
-            num_text = torch.tensor(text_rows.numel(), device=device)
+        num_text = ((batch.answer_mask & (batch.type_ids == TokenType.TEXT_ANSWER)).sum() if inverse_t
+                    else torch.tensor(text_rows.numel(), device=device))
         num_image = torch.tensor(output.image_rows.numel(), device=device)
         local = torch.stack([num_text.to(torch.int64), num_image.to(torch.int64)])
         num_text_global, num_image_global = dp_sum(local, self.group).unbind()
@@ -108,7 +81,8 @@ class LuminaObjective(nn.Module):
                                  (image_scale / num_codebooks).expand(targets.image.shape[0]))
         text_loss, image_loss = text.total, image.total
 
-        load = expert_load(output.router_topk_ids, batch.token_valid, _num_experts(output))
+        num_experts = output.router_logits[0].shape[-1] if output.router_logits else 0
+        load = expert_load(output.router_topk_ids, batch.token_valid, num_experts)
         if cfg.balance.aux_coef > 0:
             segments = {}
             if cfg.balance.aux_scope == "sequence":
@@ -135,9 +109,8 @@ class LuminaObjective(nn.Module):
             expert_load=load)
 
     def configure_routers(self, model: nn.Module) -> int:
-        """Give every router of `model` this objective's training-mode selection noise and take its
-        `balance_probs` for the balance loss (p_source "router"); with `balance.bias_update`, check that every
-        router has an expert bias to update. Returns how many routers."""
+        """Give `model`'s routers this objective's selection noise, take their `balance_probs` for the balance
+        loss and, with `balance.bias_update`, check each has an expert bias. Returns how many routers."""
         routers = [module for module in model.modules() if isinstance(module, MoERouter)]
         kinds = {type(router) for router in routers}
         if len(kinds) > 1:
@@ -167,9 +140,3 @@ class LuminaObjective(nn.Module):
             return None
         self.bias_updater.rate = self.config.balance.bias_rate
         return self.bias_updater.apply(find_expert_biases(model))
-
-
-def _num_experts(output: ModelOutput) -> int:
-    if output.router_logits:
-        return output.router_logits[0].shape[-1]
-    return 0

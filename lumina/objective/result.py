@@ -9,33 +9,20 @@ import torch
 
 @dataclass
 class ObjectiveResult:
-    """`loss` carries the graph; everything else is detached.
+    """`loss` carries the graph; the rest is detached. Terms are this rank's share, sum_local / N_global *
+    world_size: log them with a mean over the data-parallel ranks (the global-token mean)."""
 
-    The term values are this rank's share: sum_local / N_global * world_size, so their mean over the
-    data-parallel ranks is the global-token mean (log them with a mean over ranks).
-
-    loss                  scalar, what to backward (text + image + balance, weighted)
-    text_loss             scalar, sum(w * CE_text) / N_txt_global * world_size (unweighted by text_weight)
-    image_loss            scalar, sum_cells(mean_c CE_c) / N_img_global * world_size
-    image_loss_per_codebook [C], sum_cells(CE_c) / N_img_global * world_size
-    balance_loss          scalar, aux_coef * mean over layers of E * sum f P (0 when off)
-    num_text_local/global, num_image_local/global   int64 scalars (the N of each term)
-    text_preds, text_targets   [Nt] argmax predictions and targets at the output's text rows
-    image_preds, image_targets [Ni, C] argmax predictions and targets at the output's image rows
-    expert_load           [L, E] float32 top-k counts of valid tokens per MoE layer
-    """
-
-    loss: torch.Tensor
-    text_loss: torch.Tensor
-    image_loss: torch.Tensor
-    image_loss_per_codebook: torch.Tensor
-    balance_loss: torch.Tensor
-    num_text_local: torch.Tensor
+    loss: torch.Tensor  # scalar, what to backward (text + image + balance, weighted)
+    text_loss: torch.Tensor  # scalar, sum(w * CE_text) / N_txt_global * world_size (unweighted by text_weight)
+    image_loss: torch.Tensor  # scalar, sum_cells(mean_c CE_c) / N_img_global * world_size
+    image_loss_per_codebook: torch.Tensor  # [C], sum_cells(CE_c) / N_img_global * world_size
+    balance_loss: torch.Tensor  # scalar, aux_coef * mean over layers of E * sum f P (0 when off)
+    num_text_local: torch.Tensor  # int64 scalars: the N of each term, this rank's and summed over ranks
     num_text_global: torch.Tensor
     num_image_local: torch.Tensor
     num_image_global: torch.Tensor
-    text_preds: torch.Tensor
-    text_targets: torch.Tensor
-    image_preds: torch.Tensor
-    image_targets: torch.Tensor
-    expert_load: torch.Tensor
+    text_preds: torch.Tensor  # [Nt] argmax predictions at the output's text rows
+    text_targets: torch.Tensor  # [Nt]
+    image_preds: torch.Tensor  # [Ni, C] argmax predictions at the output's image rows
+    image_targets: torch.Tensor  # [Ni, C]
+    expert_load: torch.Tensor  # [L, E] float32 top-k counts of valid tokens per MoE layer

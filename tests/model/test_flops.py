@@ -11,14 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from lumina.data.roles import IGNORE_INDEX
 from lumina.model import LuminaConfig, LuminaModel
-from lumina.model.flops import (
-    attention_pairs,
-    batch_flops,
-    pack_attention_pairs,
-    segment_lengths,
-    training_flops,
-)
-from lumina.model.supervision import PackRows
+from lumina.model.flops import attention_pairs, batch_flops, pack_attention_pairs, training_flops
+from lumina.model.supervision import PackRows, segment_lengths
 from lumina.objective import LuminaObjective
 from lumina.training.data_factory import build_datamodule
 

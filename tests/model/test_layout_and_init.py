@@ -7,7 +7,8 @@ import math
 import torch
 from model_helpers import make_batch
 
-from lumina.model import LuminaConfig, LuminaModel, active_parameters_per_text_token, count_parameters
+from lumina.model import GroupedExperts, LuminaConfig, LuminaModel
+from lumina.model.params import parameter_counts
 
 
 def official_fused_layout(H: int = 2048, layers: int = 20, nh: int = 16, nkv: int = 4, hd: int = 128,
@@ -71,9 +72,30 @@ def test_official_state_dict_has_exactly_the_official_fused_keys_and_shapes() ->
     assert sd["multi_codebook_head.channel_mask"].dtype == torch.bfloat16
 
 
+def active_parameters_per_text_token(model_or_config: LuminaModel | LuminaConfig) -> int:
+    """Parameters one text token's forward touches: everything except the embedding lookups and the image-side
+    modules (`conditional_modules` other than `lm_head`), with routed experts counted at k of E per layer."""
+    model = model_or_config
+    if isinstance(model, LuminaConfig):
+        with torch.device("meta"):
+            model = LuminaModel(model)
+    skipped = {id(p) for name, module in model.conditional_modules().items() if name != "lm_head"
+               for p in module.parameters()}
+    total = 0
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in skipped:
+                continue
+            if isinstance(module, GroupedExperts):
+                total += p.numel() // module.num_local_experts * model.config.num_experts_per_tok
+            else:
+                total += p.numel()
+    return total
+
+
 def test_official_parameter_counts() -> None:
     model = _official_on_meta()
-    assert count_parameters(model) == 16_904_236_032
+    assert parameter_counts(model).total == 16_904_236_032
     assert active_parameters_per_text_token(model) == 1_111_055_360
 
 

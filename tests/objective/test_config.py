@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -16,7 +18,7 @@ def test_hydra_instantiates_nested_balance() -> None:
                                          "bias_update": False, "bias_rate": 0.002, "selection_noise": 0.03}})
     cfg = instantiate(node)
     assert isinstance(cfg, ObjectiveConfig) and isinstance(cfg.balance, BalanceConfig)
-    assert cfg.to_dict() == {"text_weight": 0.5, "image_weight": 1.0, "text_weighting": "inverse_t",
+    assert dataclasses.asdict(cfg) == {"text_weight": 0.5, "image_weight": 1.0, "text_weighting": "inverse_t",
                              "balance": {"aux_coef": 0.001, "aux_scope": "sequence", "p_source": "softmax",
                                          "bias_update": False, "bias_rate": 0.002, "selection_noise": 0.03},
                              "validate": True}

@@ -17,7 +17,7 @@ import torch
 from train_helpers import compose_train, quiet, run_cli
 
 from lumina.cli.memory import estimate_from_cfg
-from lumina.model import LuminaConfig, LuminaModel, count_parameters
+from lumina.model import LuminaConfig, LuminaModel
 from lumina.model.params import parameter_counts
 from lumina.model.supervision import PackRows
 from lumina.objective import LuminaObjective
@@ -47,7 +47,9 @@ def test_parameter_counts_split_the_model_into_its_fsdp_units(config: LuminaConf
     """The units (conditional modules, decoder layers) plus the final norm hold every parameter once; the
     routed experts are 3 E I H per MoE layer."""
     counts = parameter_counts(config)
-    assert sum(map(sum, counts.units.values())) + config.hidden_size == counts.total == count_parameters(config)
+    with torch.device("meta"):
+        every_parameter = sum(p.numel() for p in LuminaModel(config).parameters())
+    assert sum(map(sum, counts.units.values())) + config.hidden_size == counts.total == every_parameter
     moe_intermediate, hidden = config.moe_intermediate_size, config.hidden_size
     assert counts.experts == config.num_moe_layers * 3 * config.num_experts * moe_intermediate * hidden
 

@@ -1,8 +1,8 @@
-"""The official image head `channel_ar`, the multi-codebook channel head (`multi_codebook_head.*`): a small adaLN transformer that runs causally over
+"""The official image head `channel_ar` (`multi_codebook_head.*`): a small adaLN transformer run causally over
 the C codebooks of one image row, so codebook c is predicted from the backbone state h and codes 0..c-1.
 
-Input positions: [cond, emb_0, ..., emb_{C-2}] + channel_embed, cond = condition_proj(h); the adaLN condition at
-position j is cond + timesteps_embeddings[j]. Output position j feeds `lm_img_head[j]` (held by the LM)."""
+Input positions: [cond, emb_0, ..., emb_{C-2}] + channel_embed, cond = condition_proj(h); the adaLN condition
+at position j is cond + timesteps_embeddings[j]. Output position j feeds `lm_img_head[j]` (held by the LM)."""
 
 from __future__ import annotations
 
@@ -91,8 +91,7 @@ class ChannelFinal(nn.Module):
 
 @IMAGE_HEADS.register("channel_ar", official=True)
 class MultiCodebookHead(ImageHead):
-    """Channel-autoregressive: codebook c from h and the codes 0..c-1 (teacher-forced in training; `run` is
-    what activation checkpointing wraps)."""
+    """Channel-autoregressive (module docstring); teacher-forced in training."""
 
     module_name = "multi_codebook_head"
     teacher_forced = True
@@ -140,8 +139,7 @@ class MultiCodebookHead(ImageHead):
         return self.channel_final(self.channel_norm(x), ada)
 
     def forward(self, h: torch.Tensor, code_embeds: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing. h [N, H] backbone states; code_embeds [N, C - 1, H] = img_embeddings[c](code c) for
-        c < C - 1 -> states [N, C, D]; position j feeds lm_img_head[j]. Rows are independent."""
+        """Teacher forcing: code_embeds [N, C - 1, H] = img_embeddings[c](code c) for c < C - 1."""
         if code_embeds.shape[1] != self.num_codebooks - 1:
             raise ValueError(f"code_embeds has {code_embeds.shape[1]} codebooks, expected {self.num_codebooks - 1}")
         return self.run(self.condition_proj(h), code_embeds)
@@ -149,10 +147,9 @@ class MultiCodebookHead(ImageHead):
     @torch.no_grad()
     def sample(self, h: torch.Tensor, sample_fn: SampleFn, img_embeddings: nn.ModuleList,
                lm_img_head: nn.ModuleList) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codebook-by-codebook sampling. h [N, H] -> (codes int64 [N, C], probabilities [N, C]).
-
-        For c = 0..C-1: run the blocks on the growing prefix, `lm_img_head[c]` on the last position,
-        `sample_fn(logits [N, K], c)` picks the tokens, `img_embeddings[c]` embeds them into the prefix."""
+        """h [N, H] -> (codes int64 [N, C], probabilities [N, C]). For c = 0..C-1: the blocks on the growing
+        prefix, `lm_img_head[c]` on the last position, `sample_fn(logits [N, K], c)` picks, `img_embeddings[c]`
+        embeds the picks into the prefix."""
         cond = self.condition_proj(h)
         prefix = cond.new_zeros(h.shape[0], 0, cond.shape[-1])
         codes, probs = [], []
@@ -168,27 +165,21 @@ class MultiCodebookHead(ImageHead):
     @classmethod
     def state_shapes(cls, config: LuminaConfig) -> dict[str, tuple[int, ...]]:
         d, n_cb = config.hidden_size, config.num_codebooks
-        shapes: dict[str, tuple[int, ...]] = {
-            "condition_proj.weight": (d, config.hidden_size), "condition_proj.bias": (d,),
-            "channel_embed": (1, n_cb, d), "timesteps_embeddings": (1, n_cb, d), "channel_mask": (n_cb, n_cb),
-        }
         head_dim, mlp = d // config.channel_heads, config.channel_mlp_ratio * d
-        for b in range(config.channel_depth):
-            q = f"channel_blocks.{b}."
-            for name, out_in in (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
-                                 ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)),
-                                 ("mlp.fc1", (mlp, d)), ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d))):
-                shapes[f"{q}{name}.weight"] = out_in
-                shapes[f"{q}{name}.bias"] = (out_in[0],)
-        shapes["channel_norm.weight"] = (d,)
-        shapes["channel_norm.bias"] = (d,)
-        shapes["channel_final.adaLN_modulation.1.weight"] = (2 * d, d)
-        shapes["channel_final.adaLN_modulation.1.bias"] = (2 * d,)
+        block = (("norm1", (d,)), ("attn.qkv", (3 * d, d)), ("attn.q_norm", (head_dim,)),
+                 ("attn.k_norm", (head_dim,)), ("attn.proj", (d, d)), ("norm2", (d,)), ("mlp.fc1", (mlp, d)),
+                 ("mlp.fc2", (d, mlp)), ("adaLN_modulation.1", (6 * d, d)))
+        layers = [(f"channel_blocks.{i}.{name}", shape) for i in range(config.channel_depth) for name, shape in block]
+        layers += [("channel_norm", (d,)), ("channel_final.adaLN_modulation.1", (2 * d, d))]
+        shapes = {"condition_proj.weight": (d, d), "condition_proj.bias": (d,), "channel_embed": (1, n_cb, d),
+                  "timesteps_embeddings": (1, n_cb, d), "channel_mask": (n_cb, n_cb)}
+        for name, shape in layers:  # each with a weight and a bias
+            shapes[f"{name}.weight"] = shape
+            shapes[f"{name}.bias"] = shape[:1]
         return shapes
 
     def macs_per_row(self) -> ImageHeadMACs:
-        """`condition_proj` once per row, every other linear layer on each of the C positions; each
-        `ChannelAttention` forms C x C scores and their weighted sum over its heads' width (computed dense)."""
+        """`condition_proj` once per row, the other linear layers per position; attention C x C, computed dense."""
         positions, cond = self.num_codebooks, self.condition_proj
         per_position = sum(m.in_features * m.out_features for m in self.modules()
                            if isinstance(m, nn.Linear) and m is not cond)

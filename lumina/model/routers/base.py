@@ -1,16 +1,7 @@
 """The MoE router's contract (`MoERouter`), its output (`Routing`) and the registry of routers by name
-(`ROUTERS`; `LuminaConfig.score_function` names one, "sigmoid" is the released model's).
-
-A router is `mlp.gate` of an MoE layer. Everything the rest of lumina needs from it is a method here:
-    forward(x [T, H], pack) -> Routing       logits fp32 [T, E], top-k ids [T, k], combine weights fp32 [T, k]
-    weigh(logits [T, E], ids [T, k])        -> the combine weights of `ids` recomputed from the logits alone
-                                               (activation checkpointing replays the ids and calls this)
-    balance_probs(logits [..., E])          -> per-token expert probabilities [..., E] for the balance loss
-    set_selection_noise(std)                   training-mode noise on the scores it selects on (0 = none)
-    selection_bias()                        -> the [E] buffer the sign-rule update moves, or None
-    BUFFER_DTYPES                              persistent [E] buffers kept in a fixed dtype (the fp32 bias);
-                                               checkpoints name them `mlp.gate.<name>`
-A new router is one module in this package registering its class with `@ROUTERS.register("name")`.
+(`ROUTERS`; `LuminaConfig.score_function` names one, "sigmoid" is the released model's). A router is
+`mlp.gate` of an MoE layer; everything the rest of lumina needs from it is a method of `MoERouter`. A new
+router is one module in this package registering its class with `@ROUTERS.register("name")`.
 """
 
 from __future__ import annotations
@@ -31,12 +22,11 @@ ROUTERS = Registry("router", "lumina.model.routers")
 
 @dataclass
 class Routing:
-    """One MoE layer's routing of T tokens: `logits` fp32 [T, E] (the router's raw scores), `topk_ids` int64
-    [T, k], `topk_weights` fp32 [T, k] (the combine weights)."""
+    """One MoE layer's routing of T tokens."""
 
-    logits: torch.Tensor
-    topk_ids: torch.Tensor
-    topk_weights: torch.Tensor
+    logits: torch.Tensor  # fp32 [T, E], the router's raw scores
+    topk_ids: torch.Tensor  # int64 [T, k]
+    topk_weights: torch.Tensor  # fp32 [T, k], the combine weights
 
 
 class PackRows(NamedTuple):
@@ -48,9 +38,8 @@ class PackRows(NamedTuple):
 
 
 class _Fp32Logits(torch.autograd.Function):
-    """(x [T, H], weight [E, H]) -> fp32 logits x.float() @ weight.float()^T [T, E], with autograd's gradients of
-    F.linear(x.float(), weight.float()) to the bit, saving x and weight in their own dtypes (no fp32 copy of
-    bf16 activations; the casts are redone in the backward)."""
+    """(x [T, H], weight [E, H]) -> F.linear(x.float(), weight.float()) [T, E] with autograd's gradients to the
+    bit, saving x and weight in their own dtypes (no fp32 copy of bf16 activations)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
@@ -67,11 +56,11 @@ class _Fp32Logits(torch.autograd.Function):
 
 
 class MoERouter(nn.Module):
-    """Base of every router: a linear gate `weight` [E, H] giving fp32 logits, its from-scratch init
-    (`LuminaConfig.router_init`), the training-mode selection noise, and the methods a router must define
-    (`forward`, `weigh`, `balance_probs`; `selection_bias` when it has one)."""
+    """Base of every router: a linear gate `weight` [E, H] giving fp32 logits (init `LuminaConfig.router_init`),
+    the selection noise, and the methods a router must define (`selection_bias` when it has one)."""
 
-    BUFFER_DTYPES: ClassVar[dict[str, torch.dtype]] = {}  # persistent [E] buffer name -> the dtype it keeps
+    # persistent [E] buffer name (checkpoint key `mlp.gate.<name>`) -> the dtype it keeps whatever the model's
+    BUFFER_DTYPES: ClassVar[dict[str, torch.dtype]] = {}
 
     def __init__(self, config: LuminaConfig) -> None:
         super().__init__()
@@ -138,6 +127,5 @@ class MoERouter(nn.Module):
         raise NotImplementedError
 
     def selection_bias(self) -> torch.Tensor | None:
-        """The [E] selection bias the sign-rule update (`objective.balance.bias_update`) moves in place, or
-        None when this router has none."""
+        """The [E] selection bias the sign-rule update moves in place, or None when this router has none."""
         return None

@@ -1,11 +1,9 @@
 """The released model's router (`score_function: sigmoid`, official `LLaDA2MoeGate`): fp32 sigmoid scores,
 group-limited top-k selection on the bias-corrected scores, weights from the unbiased scores.
 
-It carries an fp32 `expert_bias` [E] (state-dict key `mlp.gate.expert_bias`), used for selection only and
-moved by the sign-rule update from outside (no released code updates it). In training mode the selection may
-add noise (`MoERouter.set_selection_noise`): tokens with identical inputs get identical scores, and a
-token-independent expert bias can only move all of them at once; the noise spreads them over the experts
-whose biased scores lie within about its std. The weights stay the unbiased, noise-free scores."""
+Its fp32 `expert_bias` [E] moves selection only, by the sign-rule update from outside (no released code
+updates it). Selection noise spreads tokens with identical scores, which the bias can only move together, over
+the experts whose biased scores lie within about its std."""
 
 from __future__ import annotations
 
@@ -71,8 +69,7 @@ class SigmoidRouter(MoERouter):
         return biased.masked_fill(~keep, float("-inf")).topk(self.top_k, dim=-1).indices
 
     def forward(self, x: torch.Tensor, pack: PackRows | None = None) -> Routing:
-        """x [T, H] (any dtype; the router runs in fp32). Its autograd keeps x, the ids and the k selected scores
-        (selection builds no graph)."""
+        """x [T, H] (any dtype; runs in fp32); autograd keeps x, the ids and the k selected scores only."""
         logits = self.logits(x)  # [T, E]
         with torch.no_grad():
             scores = logits.sigmoid()
