@@ -7,8 +7,7 @@ available and flash-attn imports, else flex on CUDA, else segmented.
 from __future__ import annotations
 
 from lumina.attention.backend import BACKENDS, backend_class
-
-AUTO = "auto"
+from lumina.attention.rules import AUTO
 
 
 def resolve_backend(name: str, field: str = "attn_backend") -> str:

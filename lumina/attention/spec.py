@@ -1,12 +1,9 @@
 """`AttentionSpec`: everything attention needs about one packed batch, validated and built once per forward.
 
-The model calls `build_spec(batch)` once; every layer passes the same spec to `attend`. All host work (the
-segment bounds, the rule, validation) happens here; backends cache their masks/tables lazily in `spec.cache`,
-keyed per dtype, so the first layer builds them and the rest reuse them.
-
-Queries may be fewer than keys (a key/value cache): `build_spec(queries, keys=keys)` takes the query rows and
-the key rows as two packs with the same number of segments, segment i of the queries attending segment i of
-the keys, each side with its own metadata. Without `keys` the queries are the keys (self-attention).
+All host work (segment bounds, rule, validation) happens in `build_spec`; backends cache their masks in
+`spec.cache` per dtype, so the first layer builds them and the rest reuse them. Queries may be fewer than keys
+(a key/value cache): `build_spec(queries, keys=keys)` takes two packs with the same number of segments,
+segment i of the queries attending segment i of the keys. Without `keys` the queries are the keys.
 """
 
 from __future__ import annotations
@@ -45,13 +42,9 @@ class Side:
 
 @dataclass(eq=False)
 class AttentionSpec:
-    """The queries and keys of one pack plus host facts.
-
-    rule: the attention rule in force. num_invalid: query rows with token_valid false (they attend nothing:
-    the official fully masked row). runs: adjacent segments of equal (query, key) lengths grouped;
-    run_plain: per run, whether the rule allows every pair inside it (computed in build_spec for the
-    backends that plan runs, else on first use).
-    """
+    """The queries and keys of one pack plus host facts. num_invalid: query rows with token_valid false.
+    runs: adjacent segments of equal (query, key) lengths; run_plain: per run, whether the rule allows every
+    pair inside it (see `plain`)."""
 
     backend: str
     strict: bool
@@ -106,15 +99,11 @@ class AttentionSpec:
             for qs, ks in zip(range(run.q_start, run.q_start + run.q_size, run.q_length),
                               range(run.k_start, run.k_start + run.k_size, run.k_length), strict=True)])
 
-    def plain_flags(self) -> torch.Tensor:
-        """[n_runs] bool on device: the rule allows every pair inside every segment of the run."""
-        return torch.stack([self.run_allowed(run).all() for run in self.runs])
-
     def plain(self) -> tuple[bool, ...]:
-        """Per run: no mask needed (build_spec computes this for the backends that plan runs; another
-        backend pays one host read here, once)."""
+        """Per run: the rule allows every pair inside it, so no mask is needed (one host read, once)."""
         if self.run_plain is None:
-            self.run_plain = tuple(bool(p) for p in self.plain_flags().tolist())
+            flags = torch.stack([self.run_allowed(run).all() for run in self.runs])
+            self.run_plain = tuple(bool(p) for p in flags.tolist())
         return self.run_plain
 
     def allowed(self, rows: slice, cols: slice) -> torch.Tensor:
@@ -178,15 +167,12 @@ def _side(batch: PackedBatch, who: str) -> tuple[Side, torch.Tensor, torch.Tenso
 
 def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = False, rule: str = AUTO,
                keys: PackedBatch | None = None) -> AttentionSpec:
-    """Validate a packed batch and build its attention spec. Every host read happens here (cu_seqlens when
-    seg_bounds is absent, one read of the checks, one of the plain runs for the backends that plan runs); the
-    layers do none. Raises ValueError naming the tensor and values on any violation: bad cu_seqlens,
-    seg_bounds that disagree with it, tail positions with token_valid true, metadata of the wrong length,
-    unknown backend or rule. `strict` (or env LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises
-    RuntimeError instead of falling back to `segmented`. `rule`: an attention rule's name ("auto": the
-    official choice per pack). `keys`: the key rows when they are not the query rows `batch` (same number of
-    segments, at least as many rows). A window of a pack (`batch.whole` set, sequence parallelism) gets the
-    spec of its whole pack."""
+    """Validate a packed batch and build its attention spec; every host read happens here, the layers do none.
+    Raises ValueError naming the tensor and values on any violation (bad cu_seqlens, seg_bounds that disagree
+    with it, valid tail positions, metadata of the wrong length, unknown backend or rule). `strict` (or env
+    LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises instead of falling back. `rule`: a rule's
+    name ("auto": the official choice per pack). `keys`: the key rows when they are not `batch` (same number
+    of segments, at least as many rows). A window of a pack (`batch.whole` set) gets its whole pack's spec."""
     if batch.whole is not None:
         batch = batch.whole
     backend_cls = backend_class(backend)
@@ -231,6 +217,6 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
         num_invalid=int(facts[-1]),
         runs=group_runs(queries.bounds, key_side.bounds),
     )
-    if backend_cls.plans_runs:  # no host read is left for the layers
+    if backend_cls.plans_runs:
         spec.plain()
     return spec

@@ -39,8 +39,7 @@ def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def invalid_rows(spec: AttentionSpec) -> torch.Tensor:
-    """[N] int64 query positions with token_valid false (the spec is one pack), cached; N is known on the host, so
-    this does not sync."""
+    """[N] int64 query positions with token_valid false, cached (N is known on the host: no sync)."""
     return spec.cached("invalid_rows",
                        lambda: torch.nonzero_static(~spec.valid[0], size=spec.num_invalid)[:, 0])
 

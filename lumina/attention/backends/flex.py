@@ -1,10 +1,8 @@
 """`flex`: torch flex_attention with a BlockMask built from the spec.
 
-Mask memory is O(S) per-token vectors plus the [S/128, S/128] block table; fully masked blocks are skipped.
-The table is built segment by segment (peak temporary sum of block-aligned Lq_i * Lk_i bools, never Lq * Lk),
-and the `mask_mod` reads the per-token vectors through the spec's rule, as every other backend. flex_attention
-is compiled once per process (`dynamic=False`: one compile per shape family, not per step). In torch 2.13
-flex has no backward on CPU, so on CPU it serves only calls without gradients.
+Mask memory is O(S) per-token vectors plus the [S/128, S/128] block table (built segment by segment, never
+Lq * Lk); fully masked blocks are skipped. flex_attention is compiled once per process (`dynamic=False`). In
+torch 2.13 flex has no backward on CPU, so on CPU it serves only calls without gradients.
 """
 
 from __future__ import annotations
