@@ -82,10 +82,6 @@ class AttentionSpec:
     def has_invalid(self) -> bool:
         return self.num_invalid > 0
 
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
-
     def final_rows(self) -> torch.Tensor:
         """[1, Lk] bool: key rows the rule makes final (valid rows only; see `AttentionRule.final_rows`)."""
         keys = self.keys

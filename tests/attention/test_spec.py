@@ -136,7 +136,7 @@ def test_unknown_backend_raises():
 def test_spec_facts():
     batch = random_pack(0, [5, 7], tail=2)
     spec = build_spec(batch)
-    assert spec.bounds == (0, 5, 12) and spec.lengths == (5, 7) and spec.seq_len == 14
+    assert spec.bounds == (0, 5, 12) and spec.seq_len == 14
     assert spec.seg_id[0].tolist() == [0] * 5 + [1] * 7 + [2] * 2
     assert type(spec.rule).__name__ == "FullRules" and spec.has_invalid  # attn_rule auto: block ids in use
     batch.block_ids.fill_(-1)

@@ -7,6 +7,7 @@ torch 2.13 flex has no backward on CPU, so on CPU it serves only calls without g
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -23,15 +24,11 @@ try:
 except ImportError:  # pragma: no cover - torch without flex attention
     BlockMask = flex_attention = None
 
-_compiled = None
 
-
+@functools.cache
 def compiled_flex():
     """The process-wide compiled flex_attention (created on first use)."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(flex_attention, dynamic=False)
-    return _compiled
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _padded(t: torch.Tensor, size: int, fill: int | bool) -> torch.Tensor:
