@@ -1,18 +1,14 @@
-"""Research parts chosen by name: one `Registry` per kind of part (router, experts computation, attention rule,
-image head, masking schedule, loss term, adapter, ...).
+"""Research parts chosen by name: one `Registry` per kind of part (router, attention rule, image head, ...).
 
-A part is a class behind its kind's small protocol. It registers itself in the module that defines it:
+A part is a class behind its kind's small protocol; it registers itself in the module that defines it
 
-    ROUTERS = Registry("router", "lumina.model.routers")
-
-    @ROUTERS.register("softmax")
+    @ROUTERS.register("softmax")  # ROUTERS = Registry("router", "lumina.model.routers")
     class SoftmaxTopKRouter(nn.Module): ...
 
 and a config names it (`score_function: softmax`). A new part of lumina's own is one new module in the kind's
-package: `get` imports every module of that package before it looks a name up, so no list of names is edited.
-A part in the user's own package is named by its dotted path (`my_pkg.routers.MyRouter`, as Hydra's
-`_target_`) and imported on demand. `official` marks the parts the released model uses; the official-layout
-export refuses the others.
+package (every module there is imported before a look-up). A part of the user's own is named by its dotted
+path (`my_pkg.routers.MyRouter`). `official` marks the released model's parts; the official export refuses
+the others.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ T = TypeVar("T")
 
 class Registry:
     """Names -> classes of one kind of part. `kind` names the kind in errors; `package` is where lumina's own
-    parts of this kind live (every module in it is imported on the first look-up)."""
+    parts of this kind live."""
 
     def __init__(self, kind: str, package: str) -> None:
         self.kind = kind
