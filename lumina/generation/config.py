@@ -9,15 +9,12 @@ GUIDANCE_TARGETS = ("hidden", "logits")
 
 @dataclass(frozen=True)
 class TextSamplingConfig:
-    """Block-diffusion text decoding (contract 6.2).
+    """Block-diffusion text decoding; the defaults are the official text-understanding ones (contract 6.2).
 
-    gen_length: answer budget in tokens (the last block is shortened to end at it); block_length: tokens per
-    block; steps: denoising steps per block (the model's masking schedule; more steps than a block's tokens are allowed,
-    the extra ones commit nothing, as in the official sampler); temperature 0 = argmax; top_k / top_p filters;
-    threshold: commit every masked slot whose confidence exceeds it when at least the scheduled number do
-    (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward.
-    Defaults are the official text-understanding ones (contract 6.2: 1024 tokens, blocks of 32, 32 steps,
-    temperature 0, seed 65513)."""
+    gen_length: answer budget in tokens (the last block ends at it); block_length: tokens per block; steps:
+    denoising steps per block (steps beyond a block's tokens commit nothing); temperature 0 = argmax;
+    threshold: commit every masked slot above it when at least the scheduled number are (contract 6.1), None
+    = the scheduled most confident slots; batch_size: prompts per forward."""
 
     gen_length: int = 1024
     block_length: int = 32
@@ -48,15 +45,13 @@ class TextSamplingConfig:
 
 @dataclass(frozen=True)
 class ImageSamplingConfig:
-    """Masked image generation with the model's masking schedule's keep counts (contract 6.3).
+    """Masked image generation; the defaults are the official text-to-image ones (contract 6.3; editing:
+    steps=64, cfg_scale=1.0).
 
-    steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
-    cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then
-    cfg_scale must be 0); guidance: what the scales act on, "hidden" (the final hidden states, contract 6.3) or
-    "logits" (each codebook's logits in the channel head, all branches fed the same sampled codes);
-    batch_size: prompts per forward (all guidance branches run in the same pack).
-    Defaults are the official text-to-image ones (contract 6.3: 96 steps, s = 3.0, temperature 1.0); the
-    official editing defaults are steps=64, cfg_scale=1.0."""
+    temperature: codebook sampling and re-masking noise (0 = argmax, no noise); cfg_scale: single guidance
+    scale s; text_scale / image_scale > 0 select dual guidance for editing (then cfg_scale must be 0);
+    guidance: what the scales act on, "hidden" (the final hidden states) or "logits" (each codebook's logits,
+    all branches fed the same sampled codes); batch_size: prompts per forward (all branches in one pack)."""
 
     steps: int = 96
     temperature: float = 1.0

@@ -123,14 +123,10 @@ def evaluate_own(model: nn.Module, assets: GenerationAssets, config: OwnEvalConf
     from torchmetrics.text import BLEUScore
 
     dataset = held_out_dataset(config.data, assets)
-    by_task: dict[str, list[int]] = {}
-    skipped = 0
+    by_task: dict[str | None, list[int]] = {}
     for i in range(len(dataset)):
-        task = task_of(dataset[i])
-        if task is None:
-            skipped += 1
-        else:
-            by_task.setdefault(task, []).append(i)
+        by_task.setdefault(task_of(dataset[i]), []).append(i)
+    skipped = len(by_task.pop(None, []))
     if not by_task:
         raise ValueError(f"eval.data={config.data!r}: no single-exchange samples to evaluate ({skipped} skipped)")
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(config.seed)).tolist()

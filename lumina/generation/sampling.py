@@ -9,7 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lumina.data.noise import stable_seed
 from lumina.data.schedules import MaskingSchedule, build_schedule
+
+
+def seeded_generator(seed: int, key: int | str, stream: str, device: torch.device) -> torch.Generator:
+    """The generator of one prompt (`key`) in one sampler's `stream` ("text" / "image")."""
+    return torch.Generator(device=device).manual_seed(stable_seed(seed, key, stream))
 
 
 def gumbel(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:

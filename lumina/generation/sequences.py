@@ -1,11 +1,9 @@
 """Inference sequences, built only from the training layout's functions (`lumina.data.layout*`), so the
-samplers see exactly the ids, types, turns, blocks, clean flags and positions training produced.
+samplers see exactly the ids and metadata training produced.
 
-Text (contract 6.2): [prompt (turn 0, clean, block -1) | BOA (turn 1, noisy, block 0) | finished answer
-blocks (clean) | current block (noisy, text mask ids)]; answer offset o sits at position P + 1 + o, block
-o // block_length, like the training answer rows and their clean memory copy.
-Image (contract 6.3): [prompt | BOA BOI grid EOI EOA] with the grid all image-mask ids; guidance branches
-drop the prompt's text (`<uncondition>`) and/or media exactly as the training CFG dropout does.
+Text (contract 6.2): [prompt (turn 0, clean) | BOA (turn 1, noisy) | finished answer blocks (clean) | current
+block (noisy, text mask ids)]. Image (contract 6.3): [prompt | BOA BOI grid EOI EOA], the grid all
+image-mask ids; guidance branches drop the prompt's text and/or media as the training CFG dropout does.
 """
 
 from __future__ import annotations

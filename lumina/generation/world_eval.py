@@ -12,6 +12,7 @@ Under data parallelism every rank generates its share of items; the results are 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -115,16 +116,12 @@ def _sharded(prompts: list[Prompt], run) -> list:
     if not distributed():
         return [r for _, r in local]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, [(i, _cpu(r)) for i, r in local])
+    dist.all_gather_object(gathered, [(i, r.cpu() if isinstance(r, torch.Tensor) else r) for i, r in local])
     out: list = [None] * len(prompts)
     for part in gathered:
         for i, r in part:
             out[i] = r
     return out
-
-
-def _cpu(value):
-    return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
 def _decode_text(ids: list[int], tokenizer: WordTokenizer) -> str:
@@ -151,13 +148,11 @@ def score(items: dict[str, list[WorldItem]], answers: dict[str, list]) -> dict[s
             understand_chance += chance
     m["understand_acc"], m["chance/understand_acc"] = _mean(understand_hits), _mean(understand_chance)
     for task in ("t2i", "edit"):
-        found = answers[task]
-        targets = [item.target for item in items[task]]
-        m[f"{task}_score"] = _mean([_attribute_fraction(f, t) for f, t in zip(found, targets, strict=True)])
-        m[f"{task}_exact"] = _mean([float(_attribute_fraction(f, t) == 1.0) for f, t in zip(found, targets,
-                                                                                            strict=True)])
+        pairs = zip(answers[task], items[task], strict=True)
+        fractions = [_attribute_fraction(found, item.target) for found, item in pairs]
+        m[f"{task}_score"], m[f"{task}_exact"] = _mean(fractions), _mean([float(f == 1.0) for f in fractions])
         m[f"chance/{task}_score"] = _mean([1 / len(VALUES[a]) for a in ATTRIBUTES])
-        m[f"chance/{task}_exact"] = 1 / _product(len(VALUES[a]) for a in ATTRIBUTES)
+        m[f"chance/{task}_exact"] = 1 / math.prod(len(VALUES[a]) for a in ATTRIBUTES)
     changed = [_changed_attribute(item) for item in items["edit"]]
     m["edit_changed"] = _mean([float(f is not None and f[a] == getattr(item.target, a))
                                for f, a, item in zip(answers["edit"], changed, items["edit"], strict=True)])
@@ -169,7 +164,7 @@ def answer_chance(item: WorldItem) -> float:
     """Probability that a uniform guess over the answer's value set is right."""
     q = item.prompt
     if item.task == "caption":
-        return 1 / _product(len(VALUES[a]) for a in ATTRIBUTES)
+        return 1 / math.prod(len(VALUES[a]) for a in ATTRIBUTES)
     if item.task == "vqa":
         attribute = VQA_ATTRIBUTE.get(q)
         return 1 / len(VALUES[attribute]) if attribute else 1 / 2  # the rest are yes / no questions
@@ -193,13 +188,6 @@ def _attribute_fraction(found: dict[str, str] | None, target: ObjectSpec) -> flo
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def _product(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 # ---- sample grid ----
