@@ -26,21 +26,7 @@ from lumina.attention.select import AUTO, check_backend_name, resolve_backend
 from lumina.attention.spec import AttentionSpec, build_spec
 
 __all__ = [
-    "AUTO",
-    "BACKENDS",
-    "RULES",
-    "AttendCall",
-    "AttentionRule",
-    "AttentionSpec",
-    "Backend",
-    "Pairs",
-    "Rows",
-    "allowed_mask",
-    "attend",
-    "build_spec",
-    "check_backend_name",
-    "register_attend_hook",
-    "register_backend",
-    "resolve_backend",
-    "resolve_seg_bounds",
+    "AUTO", "BACKENDS", "RULES", "AttendCall", "AttentionRule", "AttentionSpec", "Backend", "Pairs", "Rows",
+    "allowed_mask", "attend", "build_spec", "check_backend_name", "register_attend_hook", "register_backend",
+    "resolve_backend", "resolve_seg_bounds",
 ]

@@ -137,8 +137,8 @@ def strict_from_env() -> bool:
     return os.environ.get(STRICT_ENV, "0") not in ("", "0", "false", "False")
 
 
-def _side(batch: PackedBatch, who: str) -> tuple[Side, torch.Tensor, torch.Tensor]:
-    """Validate one side's shapes and bounds -> (side, cu_seqlens, the bounds as a tensor like it)."""
+def _side(batch: PackedBatch, who: str) -> Side:
+    """Validate one side's shapes and host bounds (`build_spec` reads the device checks)."""
     seq_len = batch.seq_len
     for name in ("type_ids", "turn_ids", "block_ids", "is_clean", "token_valid"):
         t = getattr(batch, name)
@@ -154,11 +154,9 @@ def _side(batch: PackedBatch, who: str) -> tuple[Side, torch.Tensor, torch.Tenso
     if cu.dim() != 1 or cu.numel() != len(bounds):
         raise ValueError(f"{who}cu_seqlens has shape {list(cu.shape)} but {who}seg_bounds has {len(bounds)} "
                          f"entries {list(bounds)}")
-    device = batch.token_valid.device
-    expected = torch.tensor(bounds, dtype=cu.dtype, device=cu.device)
-    side = Side(bounds=bounds, seg_id=segment_ids(expected.to(device), seq_len).unsqueeze(0),
-                valid=batch.token_valid, rows=Rows(batch.is_clean, batch.turn_ids, batch.block_ids, batch.type_ids))
-    return side, cu, expected
+    seg_id = segment_ids(torch.tensor(bounds, device=batch.token_valid.device), seq_len).unsqueeze(0)
+    rows = Rows(batch.is_clean, batch.turn_ids, batch.block_ids, batch.type_ids)
+    return Side(bounds, seg_id, batch.token_valid, rows)
 
 
 def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = False, rule: str = AUTO,
@@ -173,14 +171,13 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
         batch = batch.whole
     backend_cls = backend_class(backend)
     strict = strict or strict_from_env()
-    queries, q_cu, q_expected = _side(batch, "")
-    sides = [(batch, queries, q_cu, q_expected, "")]
-    key_side = queries
+    queries = key_side = _side(batch, "")
+    sides = [(batch, queries, "")]
     if keys is not None:
         if keys.whole is not None:
             raise ValueError("keys: a window of a pack (keys.whole set); pass the whole pack's key rows")
-        key_side, k_cu, k_expected = _side(keys, "keys.")
-        sides.append((keys, key_side, k_cu, k_expected, "keys."))
+        key_side = _side(keys, "keys.")
+        sides.append((keys, key_side, "keys."))
         if len(key_side.bounds) != len(queries.bounds):
             raise ValueError(f"keys.seg_bounds {list(key_side.bounds)} hold {len(key_side.bounds) - 1} segments, "
                              f"the queries' {list(queries.bounds)} hold {len(queries.bounds) - 1}")
@@ -189,17 +186,18 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
     device = batch.token_valid.device
     # One host read for the checks and the rule; a second (backends that plan runs) for which runs are plain.
     facts = []
-    for pack, side, cu, expected, _ in sides:
+    for pack, side, _ in sides:
+        cu = pack.cu_seqlens
+        expected = torch.tensor(side.bounds, dtype=cu.dtype, device=cu.device)
         facts += [(cu != expected).any().long().to(device), pack.token_valid[:, side.bounds[-1]:].any().long().to(device),
                   (pack.block_ids >= 0).any().long().to(device)]
     facts.append((~batch.token_valid).sum())
     facts = torch.stack(facts).tolist()
-    for i, (pack, side, cu, _, who) in enumerate(sides):
-        cu_mismatch, tail_valid = facts[3 * i], facts[3 * i + 1]
-        end = side.bounds[-1]
-        if cu_mismatch:
+    for i, (pack, side, who) in enumerate(sides):
+        end, cu = side.bounds[-1], pack.cu_seqlens
+        if facts[3 * i]:
             raise ValueError(f"{who}seg_bounds {list(side.bounds)} disagree with {who}cu_seqlens {cu.tolist()}")
-        if tail_valid:
+        if facts[3 * i + 1]:
             where = (pack.token_valid[0, end:].nonzero()[:, 0] + end)[:6].tolist()
             raise ValueError(f"{who}token_valid is true at tail positions {where} after {who}cu_seqlens[-1]={end}; "
                              "tail padding must be invalid")

@@ -1,13 +1,9 @@
 """Generation-based evaluation on the built-in world's held-out split: does the trained model work?
 
-Tasks and scores (each against its chance level):
-    understand  caption + vqa items: decoded answer == ground truth (exact match)
-    text_qa     text questions: exact match
-    t2i         decode the generated codes, `check_image` against the asked scene: fraction of {colour, shape,
-                size, position} right (`score`) and all four right (`exact`)
-    edit        the same against the edited scene, plus `changed`: the edited attribute shows the new value
-                (copying the source scores 0 there, and 0.75 on `score`)
-Under data parallelism every rank generates its share of items; the results are gathered to every rank.
+Scores, each against its chance level: understand (caption + vqa) and text_qa: exact match of the decoded
+answer; t2i: fraction of {colour, shape, size, position} the decoded image shows right (`score`) and all four
+right (`exact`); edit: the same against the edited scene, plus `changed` (the edited attribute shows the new
+value). Under data parallelism every rank generates its share of items; results are gathered to every rank.
 """
 
 from __future__ import annotations
@@ -198,9 +194,8 @@ def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.
     rows = []
     for task in ("t2i", "edit"):
         for item, generated in list(zip(items.get(task, []), images.get(task, []), strict=True))[:count]:
-            cells = ([render(item.source)] if task == "edit" else [torch.full((3, 32, 32), -1.0)])
-            cells += [render(item.target), generated]
-            rows.append(cells)
+            first = render(item.source) if task == "edit" else torch.full((3, 32, 32), -1.0)
+            rows.append([first, render(item.target), generated])
     if not rows:
         return None
     gap = 2

@@ -38,13 +38,11 @@ class AttentionRule:
     `allow(q, k)` -> bool, broadcast of q's and k's shapes: query q may attend key k (same sequence). It is
     element-wise, so one statement serves the dense mask, per-segment slices and flex's `mask_mod`.
 
-    `final_rows(rows, segment)` -> bool [S]: the rows whose keys and values, at every layer, never change
-    once written while the sequence is decoded, so a key/value cache may hold them. rows: `Rows` of [S]
-    (one pack), segment [S] its segment ids. Decoding, as the samplers do it: the tokens of noisy answer
-    rows (type 3 or 4, is_clean false) change; later rows are appended only as text answer rows (type 3) of
-    a segment's last turn, in blocks after every block present, or as later turns. A row is final when it is
-    not a noisy answer row, attends only final rows, and attends no row that may be appended. The default
-    reports no final row (a cache then runs the full forward).
+    `final_rows(rows, segment)` -> bool [S] (rows: `Rows` of [S], segment [S] ids): the rows whose keys and
+    values never change while the samplers decode, so a key/value cache may hold them. Noisy answer rows
+    (type 3 or 4, not clean) change; rows are appended only as text answers of a segment's last turn (in
+    later blocks) or as later turns. A row is final when it is not a noisy answer row, attends only final
+    rows, and attends no row that may be appended. The default reports none (a cache runs the full forward).
     """
 
     def allow(self, q: Rows, k: Rows) -> torch.Tensor:
