@@ -4,11 +4,9 @@
     spec = build_spec(batch, backend=backend, strict=config.attn_strict, rule=config.attn_rule)  # per forward
     out = attend(q, k, v, spec)  # per layer: q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] -> [B, nh, Lq, hd]
 
-Backends (`BACKENDS`, `lumina.attention.backends`): sdpa_dense (the official additive mask, the reference),
-segmented, flex, flash_varlen. Rules (`RULES`, `lumina.attention.rules`): full (R1-R8) and simple (S1-S3).
-Queries may be fewer than keys (`build_spec(queries, keys=keys)`); `spec.final_rows()` says which key rows
-the rule makes final. Rows with token_valid false get the official fully-masked-row result (mean of V over
-all keys) in every backend. `allowed_mask` is the dense reference of the rule.
+Backends: `BACKENDS` (`lumina.attention.backends`, sdpa_dense the reference); rules: `RULES`
+(`lumina.attention.rules`), `allowed_mask` their dense reference. Rows with token_valid false get the
+official fully-masked-row result (mean of V over all keys) in every backend.
 """
 
 from lumina.attention.attend import attend

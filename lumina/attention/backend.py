@@ -1,8 +1,5 @@
-"""Attention backends by name: the `Backend` protocol, the `BACKENDS` registry, and the attend-call hooks.
-
-A backend is one module of `lumina.attention.backends` holding one `Backend` subclass registered with
-`@register_backend`; a backend of the user's own is named by its dotted path.
-"""
+"""Attention backends by name: the `Backend` protocol, the `BACKENDS` registry (one module of
+`lumina.attention.backends` per backend; a user's own is named by its dotted path), the attend-call hooks."""
 
 from __future__ import annotations
 
@@ -33,12 +30,10 @@ class Pairs(Enum):
 
 class Backend:
     """One way to compute packed block-diffusion attention: set the class variables, implement `forward`.
-
-    name: the registered name (`attn_backend`). devices: torch device types it runs on (`attend` falls back on
-    others). pairs: its FLOP convention. plans_runs: `build_spec` decides which runs of segments are plain
-    (`spec.run_plain`). auto_rank: `attn_backend: auto` picks the highest rank whose `auto_here()` holds
-    (None: never). `spec` is an `AttentionSpec` (typed Any: the spec module reads this registry).
-    """
+    name: the registered name (`attn_backend`). devices: torch device types it runs on (`attend` falls back
+    on others). pairs: its FLOP convention. plans_runs: `build_spec` decides which runs are plain
+    (`spec.run_plain`). auto_rank: `auto` picks the highest rank whose `auto_here()` holds (None: never).
+    `spec` is an `AttentionSpec` (typed Any: the spec module reads this registry)."""
 
     name: ClassVar[str] = ""
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")

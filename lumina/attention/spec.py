@@ -1,9 +1,6 @@
-"""`AttentionSpec`: everything attention needs about one packed batch, validated and built once per forward.
-
-All host work (segment bounds, rule, validation) happens in `build_spec`; backends cache their masks in
-`spec.cache` per dtype, so the first layer builds them and the rest reuse them. Queries may be fewer than keys
-(a key/value cache): `build_spec(queries, keys=keys)` takes two packs with the same number of segments,
-segment i of the queries attending segment i of the keys. Without `keys` the queries are the keys.
+"""`AttentionSpec`: everything attention needs about one packed batch, validated and built once per forward
+(backends cache their masks in `spec.cache`, so the first layer builds them). With `keys`, segment i of the
+queries attends segment i of the keys (a key/value cache); without, the queries are the keys.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from lumina.attention.rules import AUTO, AttentionRule, Rows, resolve_rule, segm
 from lumina.attention.runs import Run, group_runs
 from lumina.data.batch import PackedBatch
 
-STRICT_ENV = "LUMINA_ATTN_STRICT"
 ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 
 
@@ -70,18 +66,6 @@ class AttentionSpec:
     def bounds(self) -> tuple[int, ...]:
         return self.queries.bounds
 
-    @property
-    def seg_id(self) -> torch.Tensor:
-        return self.queries.seg_id
-
-    @property
-    def valid(self) -> torch.Tensor:
-        return self.queries.valid
-
-    @property
-    def has_invalid(self) -> bool:
-        return self.num_invalid > 0
-
     def final_rows(self) -> torch.Tensor:
         """[1, Lk] bool: key rows the rule makes final (valid rows only; see `AttentionRule.final_rows`)."""
         keys = self.keys
@@ -112,7 +96,7 @@ class AttentionSpec:
         if row_stop - row_start <= step:
             return self._allowed(slice(row_start, row_stop), cols)
         out = torch.empty(1, row_stop - row_start, col_stop - col_start, dtype=torch.bool,
-                          device=self.valid.device)
+                          device=self.queries.valid.device)
         for first in range(row_start, row_stop, step):
             last = min(first + step, row_stop)
             out[:, first - row_start:last - row_start] = self._allowed(slice(first, last), cols)
@@ -131,10 +115,6 @@ class AttentionSpec:
         if key not in self.cache:
             self.cache[key] = make()
         return self.cache[key]
-
-
-def strict_from_env() -> bool:
-    return os.environ.get(STRICT_ENV, "0") not in ("", "0", "false", "False")
 
 
 def _side(batch: PackedBatch, who: str) -> Side:
@@ -170,7 +150,7 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
     if batch.whole is not None:
         batch = batch.whole
     backend_cls = backend_class(backend)
-    strict = strict or strict_from_env()
+    strict = strict or os.environ.get("LUMINA_ATTN_STRICT", "0") not in ("", "0", "false", "False")
     queries = key_side = _side(batch, "")
     sides = [(batch, queries, "")]
     if keys is not None:

@@ -39,7 +39,7 @@ def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 def invalid_rows(spec: AttentionSpec) -> torch.Tensor:
     """[N] int64 query positions with token_valid false, cached (N is known on the host: no sync)."""
     return spec.cached("invalid_rows",
-                       lambda: torch.nonzero_static(~spec.valid[0], size=spec.num_invalid)[:, 0])
+                       lambda: torch.nonzero_static(~spec.queries.valid[0], size=spec.num_invalid)[:, 0])
 
 
 def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -47,7 +47,7 @@ def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     """Replace the rows with token_valid false (exactly the fully masked rows: every valid token may attend
     itself under both rule sets) by `uniform_attention`, so every backend equals `sdpa_dense` at every row,
     forward and backward, and stays finite. out/q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] (all keys)."""
-    if not spec.has_invalid:
+    if spec.num_invalid == 0:
         return out
     rows = invalid_rows(spec)
     filled = uniform_attention(q.index_select(2, rows), k, v).to(out.dtype)

@@ -1,8 +1,6 @@
-"""`segmented`: SDPA per packed segment; adjacent segments of equal lengths share one call.
-
-FLOPs and mask memory go from Lq * Lk to sum(Lq_i * Lk_i). A run of adjacent segments of equal (query, key)
-lengths becomes the batch dim of one SDPA call; in the token-major layout [B, S, h, hd] every split is a
-view. Plain runs (the rule allows every pair) run without a mask.
+"""`segmented`: SDPA per packed segment: FLOPs and mask memory go from Lq * Lk to sum(Lq_i * Lk_i). A run of
+adjacent segments of equal (query, key) lengths becomes the batch dim of one SDPA call; in the token-major
+layout [B, S, h, hd] every split is a view. Plain runs (the rule allows every pair) run without a mask.
 """
 
 from __future__ import annotations

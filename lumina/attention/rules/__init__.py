@@ -1,10 +1,8 @@
 """The block-diffusion attention rule as a part: the `AttentionRule` protocol, the `RULES` registry, and the
-dense reference `allowed_mask`.
-
-Segments and token validity are applied around every rule by the attention spec. The official rule sets
-(contract 4.3) are `full` (R1-R8) and `simple` (S1-S3); `attn_rule: auto`, the default, is the official
-choice per pack: full when any block id is >= 0, else simple. A rule of the user's own is named by its
-dotted path.
+dense reference `allowed_mask`. Segments and token validity are applied around every rule by the attention
+spec. The official rule sets (contract 4.3) are `full` (R1-R8) and `simple` (S1-S3); `attn_rule: auto`, the
+default, is the official choice per pack: full when any block id is >= 0, else simple. A rule of the user's
+own is named by its dotted path.
 """
 
 from __future__ import annotations
