@@ -1,14 +1,9 @@
 """Research parts chosen by name: one `Registry` per kind of part (router, attention rule, image head, ...).
-
-A part is a class behind its kind's small protocol; it registers itself in the module that defines it
-
-    @ROUTERS.register("softmax")  # ROUTERS = Registry("router", "lumina.model.routers")
-    class SoftmaxTopKRouter(nn.Module): ...
-
-and a config names it (`score_function: softmax`). A new part of lumina's own is one new module in the kind's
-package (every module there is imported before a look-up). A part of the user's own is named by its dotted
-path (`my_pkg.routers.MyRouter`). `official` marks the released model's parts; the official export refuses
-the others.
+A part is a class behind its kind's small protocol, registered in the module that defines it
+(`@ROUTERS.register("softmax")`) and named by a config (`score_function: softmax`). A new part of lumina's
+own is one new module in the kind's package (every module there is imported before a look-up); a user's own
+is named by its dotted path (`my_pkg.routers.MyRouter`). `official` marks the released model's parts; the
+official export refuses the others.
 """
 
 from __future__ import annotations
