@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,8 @@ def group_runs(q_bounds: tuple[int, ...], k_bounds: tuple[int, ...] | None = Non
     runs: list[Run] = []
     for qa, qb, ka, kb in zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:], strict=False):
         lq, lk = qb - qa, kb - ka
-        last = runs[-1] if runs else None
-        if last is not None and (last.q_length, last.k_length) == (lq, lk):
-            runs[-1] = Run(last.q_start, lq, last.k_start, lk, last.count + 1)
+        if runs and (runs[-1].q_length, runs[-1].k_length) == (lq, lk):
+            runs[-1] = replace(runs[-1], count=runs[-1].count + 1)
         else:
             runs.append(Run(qa, lq, ka, lk, 1))
     return tuple(runs)
