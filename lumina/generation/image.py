@@ -1,11 +1,10 @@
-"""Masked image generation (contract 6.3): text-to-image and editing.
-
-A prompt's answer is a grid of h x w cells, all masked at the start. Each step: one backbone forward over
-every prompt's guidance branches (one pack), guidance on the masked cells' hidden states (or logits), the C
-codebooks of every masked cell sampled through the channel head, confidence = mean of the C probabilities
-(model dtype), and the cells below the keep_k-th lowest log(confidence) + temperature * Gumbel masked again
-(keep_k: the masking schedule's `image_keep`; every step commits at least one cell). At temperature 0 this is
-the official `generate_image_ar` rule for rule; above 0 the random streams differ from the official ones.
+"""Masked image generation (contract 6.3): text-to-image and editing. A prompt's answer is a grid of h x w
+cells, all masked at the start. Each step: one backbone forward over every prompt's guidance branches (one
+pack), guidance on the masked cells' hidden states (or logits), the C codebooks of every masked cell sampled
+through the channel head, confidence = mean of the C probabilities (model dtype), and the cells below the
+keep_k-th lowest log(confidence) + temperature * Gumbel masked again (keep_k: the masking schedule's
+`image_keep`; every step commits at least one cell). At temperature 0 this is the official `generate_image_ar`
+rule for rule; above 0 the random streams differ from the official ones.
 """
 
 from __future__ import annotations
@@ -120,8 +119,7 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
                 score = score + tau * gumbel((k,), generators[i], device).to(score.dtype)
             remask = where[remask_lowest(score, schedule.image_keep(n, step, config.steps))]
             codes[i][remask] = tokens.image_mask
-            masked[i] = torch.zeros_like(masked[i])
-            masked[i][remask] = True
+            masked[i] = torch.zeros_like(masked[i]).index_fill_(0, remask, True)
             start += k
             for rows_of_branch in cell_rows:
                 batch.input_ids[0, rows_of_branch[i]] = codes[i]

@@ -1,14 +1,14 @@
-"""Inference sequences, built only from the training layout's functions (`lumina.data.layout*`), so the
-samplers see exactly the ids and metadata training produced.
-
-Text (contract 6.2): [prompt (turn 0, clean) | BOA (turn 1, noisy) | finished answer blocks (clean) | current
-block (noisy, text mask ids)]. Image (contract 6.3): [prompt | BOA BOI grid EOI EOA], the grid all
-image-mask ids; guidance branches drop the prompt's text and/or media as the training CFG dropout does.
+"""Inference sequences, built only from the training layout's functions, so the samplers see exactly the ids
+and metadata training produced. Text (contract 6.2): [prompt (turn 0, clean) | BOA (turn 1, noisy) | finished
+answer blocks (clean) | current block (noisy, text mask ids)]. Image (contract 6.3): [prompt | BOA BOI grid
+EOI EOA], the grid all image-mask ids; guidance branches drop the prompt's text and/or media as the training
+CFG dropout does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -66,16 +66,13 @@ def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Te
     if len(finished) != block_index * block_length:
         raise ValueError(f"{len(finished)} finished answer tokens, expected block_index * block_length = "
                          f"{block_index * block_length}")
-    boa_position = len(prompt)
     sid = prompt.sample_id
-    pieces = [prompt, layout_text_answer(torch.zeros(0, dtype=torch.long), tokens, turn=1, boa_position=boa_position,
-                                         block_length=block_length, sample_id=sid)]
+    answer = partial(layout_text_answer, tokens=tokens, turn=1, boa_position=len(prompt),
+                     block_length=block_length, sample_id=sid)
+    pieces = [prompt, answer(torch.zeros(0, dtype=torch.long))]
     if finished:
-        pieces.append(layout_text_answer(finished, tokens, turn=1, boa_position=boa_position,
-                                         block_length=block_length, clean=True, with_boa=False, sample_id=sid))
-    pieces.append(layout_text_answer(block, tokens, turn=1, boa_position=boa_position, block_length=block_length,
-                                     clean=False, with_boa=False, first_offset=block_index * block_length,
-                                     sample_id=sid))
+        pieces.append(answer(finished, clean=True, with_boa=False))
+    pieces.append(answer(block, clean=False, with_boa=False, first_offset=block_index * block_length))
     if len(block) > block_length:
         raise ValueError(f"block of {len(block)} slots, more than block_length={block_length}")
     sequence = concat_pieces(pieces, sid)

@@ -40,10 +40,8 @@ def shard_indices(num_items: int) -> list[int]:
 def prepare_for_sampling(model: nn.Module) -> nn.Module:
     """Under FSDP2, register the sampler entry points of every sharded unit as forward methods, so calling
     them gathers that unit's parameters like `forward` does. Idempotent; unsharded models pass through."""
-    try:
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return model
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
     for path, name in SAMPLER_METHODS:
         module = model.get_submodule(path) if path else model
         flag = f"_lumina_sampling_{name}"

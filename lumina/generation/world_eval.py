@@ -75,7 +75,6 @@ class WorldEvalResult:
 def build_eval_set(config: WorldEvalConfig, image_tokenizer: RVQImageTokenizer | None = None) -> WorldEvalSet:
     image_tokenizer = image_tokenizer or cached_world_image_tokenizer()
     items, prompts = {}, {}
-    tokens = text_tokenizer = None
     for task in EVAL_TASKS:
         world = build_world(config.split, config.num_items, config.seed, mix={task: 1.0},
                             image_tokenizer=image_tokenizer)
@@ -122,27 +121,19 @@ def _sharded(prompts: list[Prompt], run) -> list:
 
 def _decode_text(ids: list[int], tokenizer: WordTokenizer) -> str:
     """Words of the answer; an id outside the world vocabulary reads as <oov> (never a right answer)."""
-    words = []
-    for i in ids:
-        if not 0 <= i < tokenizer.vocab_size:
-            words.append("<oov>")
-        else:
-            words.extend(tokenizer.decode([i], skip_special_tokens=True).split())
-    return " ".join(words)
+    words = [tokenizer.decode([i], skip_special_tokens=True) if 0 <= i < tokenizer.vocab_size else "<oov>"
+             for i in ids]
+    return " ".join(" ".join(words).split())
 
 
-# ---- scoring ----
 def score(items: dict[str, list[WorldItem]], answers: dict[str, list]) -> dict[str, float]:
     m: dict[str, float] = {}
-    understand_hits, understand_chance = [], []
-    for task in ("caption", "vqa", "text_qa"):
-        hits = [float(a == item.answer) for a, item in zip(answers[task], items[task], strict=True)]
-        chance = [answer_chance(item) for item in items[task]]
-        m[f"{task}_acc"], m[f"chance/{task}_acc"] = _mean(hits), _mean(chance)
-        if task != "text_qa":
-            understand_hits += hits
-            understand_chance += chance
-    m["understand_acc"], m["chance/understand_acc"] = _mean(understand_hits), _mean(understand_chance)
+    groups = {"caption": ("caption",), "vqa": ("vqa",), "text_qa": ("text_qa",),
+              "understand": ("caption", "vqa")}
+    for name, tasks in groups.items():
+        pairs = [(a, item) for task in tasks for a, item in zip(answers[task], items[task], strict=True)]
+        m[f"{name}_acc"] = _mean([float(a == item.answer) for a, item in pairs])
+        m[f"chance/{name}_acc"] = _mean([answer_chance(item) for _, item in pairs])
     for task in ("t2i", "edit"):
         pairs = zip(answers[task], items[task], strict=True)
         fractions = [_attribute_fraction(found, item.target) for found, item in pairs]
@@ -177,16 +168,13 @@ def _changed_attribute(item: WorldItem) -> str:
 
 
 def _attribute_fraction(found: dict[str, str] | None, target: ObjectSpec) -> float:
-    if found is None:
-        return 0.0
-    return sum(found[a] == getattr(target, a) for a in ATTRIBUTES) / len(ATTRIBUTES)
+    return 0.0 if found is None else sum(found[a] == getattr(target, a) for a in ATTRIBUTES) / len(ATTRIBUTES)
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-# ---- sample grid ----
 def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.Tensor]], count: int,
                 scale: int = 4) -> torch.Tensor | None:
     """[3, H, W] in [0, 1]: one row per sample, t2i rows (truth | generated), then edit rows (source | truth |
