@@ -75,7 +75,6 @@ class ImageSamplingConfig:
 
 
 def _check_common(config: TextSamplingConfig | ImageSamplingConfig, positive: tuple[str, ...]) -> None:
-    """The checks both configs share: the `positive` fields, temperature, top_k and top_p."""
     owner, temperature, top_k, top_p = type(config).__name__, config.temperature, config.top_k, config.top_p
     for name in positive:
         if not isinstance(getattr(config, name), int) or getattr(config, name) <= 0:

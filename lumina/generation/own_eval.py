@@ -1,13 +1,12 @@
 """`lumina-generate task=eval eval.data=DIR`: evaluate a checkpoint on the held-out split of your own dataset.
-
-DIR is held-out Parquet shards, or a dataset root (its val/ or validation/ split). Each single-exchange
-sample is one item of the task its structure names: understand (text answer, prompt with media), text (text
-answer, text-only prompt), both scored by exact match (whitespace-normalised) and corpus BLEU (n_gram 4,
-smoothed); t2i (image answer, text-only prompt) and edit (image answer, prompt with an image), drawn in the
-sample grid (prompt, truth | generated). Longer samples are counted in "skipped". Up to `num_items` items per
-task are drawn by a seeded permutation. `<task>/loss` is the held-out loss over all the task's samples, laid
-out as validation does (`layout_eval` at noise `noise_t`, seed `noise_seed`), averaged by `HeldOutLoss`.
-Writes <out>/eval.json ({"metrics", "answers", "skipped"}) and <out>/samples.png.
+DIR is held-out Parquet shards, or a dataset root (its val/ or validation/ split). Each single-exchange sample
+is one item of the task its structure names: understand (text answer, prompt with media), text (text answer,
+text-only prompt), both scored by exact match (whitespace-normalised) and corpus BLEU (n_gram 4, smoothed);
+t2i (image answer, text-only prompt) and edit (image answer, prompt with an image), drawn in the sample grid
+(prompt, truth | generated). Longer samples are counted in "skipped". Up to `num_items` items per task are
+drawn by a seeded permutation. `<task>/loss` is the held-out loss over all the task's samples, laid out as
+validation does (`layout_eval` at noise `noise_t`, seed `noise_seed`), averaged by `HeldOutLoss`. Writes
+<out>/eval.json ({"metrics", "answers", "skipped"}) and <out>/samples.png.
 """
 
 from __future__ import annotations

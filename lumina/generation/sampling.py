@@ -43,7 +43,6 @@ def sample_tokens(logits: torch.Tensor, temperature: float, generators: list[tor
                   counts: list[int], top_k: int | None = None, top_p: float | None = None,
                   confidence_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (tokens int64 [N], confidence [N] in `confidence_dtype`).
-
     token = argmax(filtered logits + temperature * Gumbel) in fp64, a draw from softmax(logits / temperature);
     confidence = softmax(filtered logits) at the token. Consecutive groups of `counts[i]` rows draw their
     noise from `generators[i]` (one per prompt: results do not depend on how prompts are batched)."""

@@ -79,10 +79,11 @@ def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Te
     return sequence, torch.arange(len(sequence) - len(block), len(sequence))
 
 
-def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool,
-                          drop_image: bool) -> list[Part]:
-    """The prompt parts after the training CFG dropout (`plan_exchanges` on a one-exchange sample whose
-    answer is an image): drop_text replaces the text with one `<uncondition>`, drop_image removes media."""
+def image_sequence(prompt: Prompt, tokens: SpecialTokens, drop_text: bool = False,
+                   drop_image: bool = False) -> tuple[TrainingSequence, torch.Tensor]:
+    """One guidance branch: the prompt after the training CFG dropout (`plan_exchanges` on a one-exchange
+    sample whose answer is an image: drop_text replaces the text with one `<uncondition>`, drop_image removes
+    media) + BOA BOI grid EOI EOA with every cell masked. Returns (sequence, cell rows [h * w], row-major)."""
     if prompt.grid is None:
         raise ValueError(f"prompt {prompt.key!r}: an image answer needs grid=(h, w)")
     if len(prompt.grid) != 2 or not all(isinstance(g, int) and g > 0 for g in prompt.grid):
@@ -92,15 +93,7 @@ def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool
     turns = [] if prompt.system is None else [Turn("system", [Text(list(prompt.system))])]
     turns += [Turn("user", list(prompt.parts)), Turn("assistant", [placeholder])]
     (exchange,) = plan_exchanges(Sample(str(prompt.key), turns), tokens, drop_text, drop_image)
-    return exchange.prompt_parts
-
-
-def image_sequence(prompt: Prompt, tokens: SpecialTokens, drop_text: bool = False,
-                   drop_image: bool = False) -> tuple[TrainingSequence, torch.Tensor]:
-    """One guidance branch: prompt (after dropout) + BOA BOI grid EOI EOA with every cell masked.
-    Returns (sequence, cell rows [h * w] in row-major cell order)."""
-    parts = guidance_prompt_parts(prompt, tokens, drop_text, drop_image)
-    head = prompt_piece(prompt, tokens, parts)
+    head = prompt_piece(prompt, tokens, exchange.prompt_parts)
     answer = layout_image_answer(prompt.grid, tokens, turn=1, start_position=len(head), sample_id=str(prompt.key))
     return concat_pieces([head, answer], str(prompt.key)), len(head) + image_answer_cell_rows(prompt.grid)
 

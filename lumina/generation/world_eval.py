@@ -1,9 +1,8 @@
-"""Generation-based evaluation on the built-in world's held-out split: does the trained model work?
-
-Scores, each against its chance level: understand (caption + vqa) and text_qa: exact match of the decoded
-answer; t2i: fraction of {colour, shape, size, position} the decoded image shows right (`score`) and all four
-right (`exact`); edit: the same against the edited scene, plus `changed` (the edited attribute shows the new
-value). Under data parallelism every rank generates its share of items; results are gathered to every rank.
+"""Generation-based evaluation on the built-in world's held-out split: does the trained model work? Scores,
+each against its chance level: understand (caption + vqa) and text_qa: exact match of the decoded answer; t2i:
+fraction of {colour, shape, size, position} the decoded image shows right (`score`) and all four right
+(`exact`); edit: the same against the edited scene, plus `changed` (the edited attribute shows the new value).
+Under data parallelism every rank generates its share of items; results are gathered to every rank.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from PIL import Image
 from torch import nn
 
 from lumina.data.tokenizers.image_rvq import RVQImageTokenizer
@@ -199,7 +199,5 @@ def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.
 
 def save_png(image: torch.Tensor, path) -> None:
     """[3, H, W] in [0, 1] -> PNG file."""
-    from PIL import Image
-
     array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
     Image.fromarray(array).save(path)
