@@ -7,8 +7,7 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Run:
-    """`count` adjacent segments of `q_length` query rows from `q_start` and `k_length` key rows from
-    `k_start` (the same when queries are the keys)."""
+    """`count` adjacent segments of `q_length` query rows (from `q_start`) and `k_length` keys (`k_start`)."""
 
     q_start: int
     q_length: int
@@ -26,8 +25,7 @@ class Run:
 
 
 def group_runs(q_bounds: tuple[int, ...], k_bounds: tuple[int, ...] | None = None) -> tuple[Run, ...]:
-    """Host bounds of the queries' and the keys' segments (k_bounds None: the queries are the keys) -> runs,
-    in position order (host only, no device work)."""
+    """Host segment bounds of the queries and the keys (None: the queries') -> runs, in position order."""
     k_bounds = q_bounds if k_bounds is None else k_bounds
     runs: list[Run] = []
     for qa, qb, ka, kb in zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:], strict=False):

@@ -20,7 +20,6 @@ def _delta(x: torch.Tensor) -> torch.Tensor:
 
 def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """What SDPA gives a fully masked row under the official finfo.min mask, in O(S hd^2) instead of O(S^2 hd).
-
     The forward is the mean of V over all S keys; autograd differentiates the softmax at that uniform point
     (d out_i / d s_ij = (v_j - mean v) / S), linear in q and k with s_ij = scale q_i.k_j, so
         out_i = mean v + scale/S * (dq_i^T K^T (V - mean v) + q_i^T dK^T (V - mean v)),

@@ -82,8 +82,7 @@ def build_block_mask(spec: AttentionSpec) -> BlockMask:
 
 @register_backend
 class Flex(Backend):
-    """CPU (without gradients) and CUDA; computes only the allowed pairs' blocks. `auto` picks it on CUDA when
-    flash-attn did not import."""
+    """CPU (without gradients) and CUDA; computes only the allowed pairs' blocks."""
 
     name = "flex"
     pairs = Pairs.ALLOWED

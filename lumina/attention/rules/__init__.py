@@ -32,10 +32,8 @@ class Rows(NamedTuple):
 
 class AttentionRule:
     """Protocol of an attention rule (stateless; one instance per class is shared).
-
     `allow(q, k)` -> bool, broadcast of q's and k's shapes: query q may attend key k (same sequence). It is
     element-wise, so one statement serves the dense mask, per-segment slices and flex's `mask_mod`.
-
     `final_rows(rows, segment)` -> bool [S] (rows: `Rows` of [S], segment [S] ids): the rows whose keys and
     values never change while the samplers decode, so a key/value cache may hold them. Noisy answer rows
     (type 3 or 4, not clean) change; rows are appended only as text answers of a segment's last turn (in
