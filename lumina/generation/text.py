@@ -77,8 +77,7 @@ def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens,
         else:
             _dummy_block(model, length, tokens, config, device)
         for s in active:
-            if tokens.eoa in s.answer[block_index * config.block_length:]:
-                s.done = True
+            s.done = tokens.eoa in s.answer[block_index * config.block_length:]
 
 
 def _decode_block(model: nn.Module, states: list[_State], block_index: int, length: int, tokens: SpecialTokens,
