@@ -1,18 +1,9 @@
-"""Research parts chosen by name: one `Registry` per kind of part (router, experts computation, attention rule,
-image head, masking schedule, loss term, adapter, ...).
-
-A part is a class behind its kind's small protocol. It registers itself in the module that defines it:
-
-    ROUTERS = Registry("router", "lumina.model.routers")
-
-    @ROUTERS.register("softmax")
-    class SoftmaxTopKRouter(nn.Module): ...
-
-and a config names it (`score_function: softmax`). A new part of lumina's own is one new module in the kind's
-package: `get` imports every module of that package before it looks a name up, so no list of names is edited.
-A part in the user's own package is named by its dotted path (`my_pkg.routers.MyRouter`, as Hydra's
-`_target_`) and imported on demand. `official` marks the parts the released model uses; the official-layout
-export refuses the others.
+"""Research parts chosen by name: one `Registry` per kind of part (router, attention rule, image head, ...).
+A part is a class behind its kind's small protocol, registered in the module that defines it
+(`@ROUTERS.register("softmax")`) and named by a config (`score_function: softmax`). A new part of lumina's
+own is one new module in the kind's package (every module there is imported before a look-up); a user's own
+is named by its dotted path (`my_pkg.routers.MyRouter`). `official` marks the released model's parts; the
+official export refuses the others.
 """
 
 from __future__ import annotations
@@ -27,8 +18,8 @@ T = TypeVar("T")
 
 class Registry:
     """Names -> classes of one kind of part. `kind` names the kind in errors; `package` is where lumina's own
-    parts of this kind live (every module in it is imported on the first look-up); `official_choices` are
-    names the caller resolves itself that stand for the released model's choice (the attention rule's `auto`)."""
+    parts of this kind live; `official_choices` are names the caller resolves itself that stand for the
+    released model's choice (the attention rule's `auto`)."""
 
     def __init__(self, kind: str, package: str, official_choices: tuple[str, ...] = ()) -> None:
         self.kind = kind

@@ -4,15 +4,9 @@
     spec = build_spec(batch, backend=backend, strict=config.attn_strict, rule=config.attn_rule)  # per forward
     out = attend(q, k, v, spec)  # per layer: q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] -> [B, nh, Lq, hd]
 
-Backends (`BACKENDS`, one module each in `lumina.attention.backends`): sdpa_dense (official additive mask;
-the reference), segmented (SDPA per run of equal-length segments, sum(L_i^2)), flex (flex_attention +
-BlockMask, O(S) mask; no CPU backward), flash_varlen (flash-attn, plain segments on CUDA);
-`resolve_backend("auto")` picks flash_varlen, else flex on CUDA, else segmented (once, when the model is
-built). Rules (`RULES`, `lumina.attention.rules`): full (R1-R8) and simple (S1-S3); "auto" is the official
-choice per pack. Queries may be fewer than keys (`build_spec(queries, keys=keys)`), and `spec.final_rows()`
-says which key rows the rule makes final. Rows with token_valid false get the official fully-masked-row
-result (mean of V over all keys) in every backend, with exact, finite gradients. `allowed_mask` is the dense
-reference of the rule; `register_attend_hook` sees which backend served each call.
+Backends: `BACKENDS` (`lumina.attention.backends`, sdpa_dense the reference); rules: `RULES`
+(`lumina.attention.rules`), `allowed_mask` their dense reference. Rows with token_valid false get the
+official fully-masked-row result (mean of V over all keys) in every backend.
 """
 
 from lumina.attention.attend import attend
@@ -30,21 +24,7 @@ from lumina.attention.select import AUTO, check_backend_name, resolve_backend
 from lumina.attention.spec import AttentionSpec, build_spec
 
 __all__ = [
-    "AUTO",
-    "BACKENDS",
-    "RULES",
-    "AttendCall",
-    "AttentionRule",
-    "AttentionSpec",
-    "Backend",
-    "Pairs",
-    "Rows",
-    "allowed_mask",
-    "attend",
-    "build_spec",
-    "check_backend_name",
-    "register_attend_hook",
-    "register_backend",
-    "resolve_backend",
-    "resolve_seg_bounds",
+    "AUTO", "BACKENDS", "RULES", "AttendCall", "AttentionRule", "AttentionSpec", "Backend", "Pairs", "Rows",
+    "allowed_mask", "attend", "build_spec", "check_backend_name", "register_attend_hook", "register_backend",
+    "resolve_backend", "resolve_seg_bounds",
 ]

@@ -24,13 +24,9 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Atten
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
-    """Packed block-diffusion attention. q [B, nh, Lq, hd] (the spec's query rows), k/v [B, nkv, Lk, hd] (its
-    key rows; Lk = Lq in self-attention; kv head j serves query heads j*g .. j*g+g-1), non-causal, scale
-    1/sqrt(hd) -> [B, nh, Lq, hd].
-
-    Rows with token_valid false get the mean of V over all keys (the official finfo.min convention). A
-    backend that cannot serve this call raises RuntimeError in strict mode, else falls back to `segmented`
-    (logged once; the attend hooks see every call, see `lumina.attention.backend.register_attend_hook`)."""
+    """q [B, nh, Lq, hd] (the spec's query rows), k/v [B, nkv, Lk, hd] (its key rows; kv head j serves query
+    heads j*g .. j*g+g-1), non-causal, scale 1/sqrt(hd) -> [B, nh, Lq, hd]. A backend that cannot serve the
+    call raises RuntimeError in strict mode, else falls back to `segmented` (logged once)."""
     _check_shapes(q, k, v, spec)
     backend = backend_class(spec.backend)
     reason = backend.unavailable(q, k, v, spec)

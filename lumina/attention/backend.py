@@ -1,12 +1,5 @@
-"""Attention backends by name: the `Backend` protocol, the `BACKENDS` registry, and the attend-call hooks.
-
-A backend is one module of `lumina.attention.backends` holding one `Backend` subclass registered with
-`@register_backend`; its class states its contract (where it runs, how its FLOPs are counted, whether
-`attn_backend: auto` may pick it). A backend of the user's own is named by its dotted path.
-
-Every `attend` call is reported to the hooks of `register_attend_hook` (which backend was asked, which
-served, and why it fell back); a fallback is also logged once per backend and reason.
-"""
+"""Attention backends by name: the `Backend` protocol, the `BACKENDS` registry (one module of
+`lumina.attention.backends` per backend; a user's own is named by its dotted path), the attend-call hooks."""
 
 from __future__ import annotations
 
@@ -36,16 +29,11 @@ class Pairs(Enum):
 
 
 class Backend:
-    """One way to compute packed block-diffusion attention. Subclasses set the class variables and implement
-    `forward` (and `unavailable` when some calls are beyond them).
-
-    name: the registered name (`attn_backend`). devices: torch device types it runs on (`attend` falls back on
-    others). pairs: its FLOP
-    convention. plans_runs: `build_spec` decides, with its one host read, which runs of segments the rule
-    leaves unmasked (the backend reads `spec.run_plain`). auto_rank: `attn_backend: auto` picks the highest
-    rank among the backends whose `auto_here()` holds (None: never picked by auto). `spec` is the call's
-    `lumina.attention.spec.AttentionSpec` (typed Any here: the spec module reads this registry).
-    """
+    """One way to compute packed block-diffusion attention: set the class variables, implement `forward`.
+    name: the registered name (`attn_backend`). devices: torch device types it runs on (`attend` falls back
+    on others). pairs: its FLOP convention. plans_runs: `build_spec` decides which runs are plain
+    (`spec.run_plain`). auto_rank: `auto` picks the highest rank whose `auto_here()` holds (None: never).
+    `spec` is an `AttentionSpec` (typed Any: the spec module reads this registry)."""
 
     name: ClassVar[str] = ""
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
@@ -77,8 +65,7 @@ def register_backend(cls: type[Backend]) -> type[Backend]:
 
 
 def backend_class(name: str, field: str = "attn_backend") -> type[Backend]:
-    """The backend registered as `name` (or at a dotted path); ValueError naming `field` otherwise ("auto"
-    names no backend: `lumina.attention.resolve_backend` turns it into one)."""
+    """The backend registered as `name` (or at a dotted path); ValueError naming `field` otherwise."""
     if name == "auto":
         raise ValueError(f"{field}='auto' names no backend: resolve it first (lumina.attention.resolve_backend)")
     cls = BACKENDS.get(name, field)
@@ -89,8 +76,7 @@ def backend_class(name: str, field: str = "attn_backend") -> type[Backend]:
 
 @dataclass(frozen=True)
 class AttendCall:
-    """One `attend` call: the backend the spec asked for, the one that served, and why it fell back (None
-    when it did not)."""
+    """One `attend` call: the backend asked for, the one that served, why it fell back (None: it did not)."""
 
     requested: str
     served: str

@@ -16,20 +16,18 @@ def check_bounds(bounds: Sequence[int], seq_len: int, name: str = "cu_seqlens") 
         raise ValueError(f"{name} must hold at least 2 entries (one segment), got {list(bounds)}")
     if bounds[0] != 0:
         raise ValueError(f"{name} must start at 0, got {name}[0]={bounds[0]} in {list(bounds)}")
-    steps = [(i, a, b) for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)) if b <= a]
-    if steps:
-        i, a, b = steps[0]
-        raise ValueError(f"{name} must strictly increase, got {name}[{i}]={a} >= {name}[{i + 1}]={b} "
-                         f"in {list(bounds)}")
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        if b <= a:
+            raise ValueError(f"{name} must strictly increase, got {name}[{i}]={a} >= {name}[{i + 1}]={b} "
+                             f"in {list(bounds)}")
     if bounds[-1] > seq_len:
         raise ValueError(f"{name} must end at or before S={seq_len}, got {name}[-1]={bounds[-1]}")
     return bounds
 
 
 def resolve_seg_bounds(cu_seqlens: torch.Tensor | Sequence[int] | None, seq_len: int) -> tuple[int, ...] | None:
-    """cu_seqlens [n + 1] -> validated host tuple (one device read). None when cu_seqlens is None or holds
-    fewer than 2 entries (no segment: the official packing path needs more than one entry). Raises
-    ValueError naming the offending values otherwise."""
+    """cu_seqlens [n + 1] -> validated host tuple (one device read); None when it is None or holds fewer than
+    2 entries. Raises ValueError naming the offending values otherwise."""
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, torch.Tensor):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
 class Run:
-    """`count` adjacent segments of `q_length` query rows from `q_start` and `k_length` key rows from
-    `k_start` (the same when queries are the keys)."""
+    """`count` adjacent segments of `q_length` query rows (from `q_start`) and `k_length` keys (`k_start`)."""
 
     q_start: int
     q_length: int
@@ -26,15 +25,13 @@ class Run:
 
 
 def group_runs(q_bounds: tuple[int, ...], k_bounds: tuple[int, ...] | None = None) -> tuple[Run, ...]:
-    """Host bounds of the queries' and the keys' segments (k_bounds None: the queries are the keys) -> runs,
-    in position order (host only, no device work)."""
+    """Host segment bounds of the queries and the keys (None: the queries') -> runs, in position order."""
     k_bounds = q_bounds if k_bounds is None else k_bounds
     runs: list[Run] = []
     for qa, qb, ka, kb in zip(q_bounds, q_bounds[1:], k_bounds, k_bounds[1:], strict=False):
         lq, lk = qb - qa, kb - ka
-        last = runs[-1] if runs else None
-        if last is not None and (last.q_length, last.k_length) == (lq, lk):
-            runs[-1] = Run(last.q_start, lq, last.k_start, lk, last.count + 1)
+        if runs and (runs[-1].q_length, runs[-1].k_length) == (lq, lk):
+            runs[-1] = replace(runs[-1], count=runs[-1].count + 1)
         else:
             runs.append(Run(qa, lq, ka, lk, 1))
     return tuple(runs)

@@ -1,14 +1,10 @@
-"""`resolve_backend`: what `attn_backend: auto` means on this machine (decided once, when the model is built).
-
-auto -> the registered backend of highest `auto_rank` whose `auto_here()` holds: flash_varlen where CUDA is
-available and flash-attn imports, else flex on CUDA, else segmented.
-"""
+"""`resolve_backend`: `attn_backend: auto` -> flash_varlen where CUDA and flash-attn are available, else flex
+on CUDA, else segmented (the highest `auto_rank` whose `auto_here()` holds), once when the model is built."""
 
 from __future__ import annotations
 
 from lumina.attention.backend import BACKENDS, backend_class
-
-AUTO = "auto"
+from lumina.attention.rules import AUTO
 
 
 def resolve_backend(name: str, field: str = "attn_backend") -> str:

@@ -1,12 +1,6 @@
-"""`AttentionSpec`: everything attention needs about one packed batch, validated and built once per forward.
-
-The model calls `build_spec(batch)` once; every layer passes the same spec to `attend`. All host work (the
-segment bounds, the rule, validation) happens here; backends cache their masks/tables lazily in `spec.cache`,
-keyed per dtype, so the first layer builds them and the rest reuse them.
-
-Queries may be fewer than keys (a key/value cache): `build_spec(queries, keys=keys)` takes the query rows and
-the key rows as two packs with the same number of segments, segment i of the queries attending segment i of
-the keys, each side with its own metadata. Without `keys` the queries are the keys (self-attention).
+"""`AttentionSpec`: everything attention needs about one packed batch, validated and built once per forward
+(backends cache their masks in `spec.cache`, so the first layer builds them). With `keys`, segment i of the
+queries attends segment i of the keys (a key/value cache); without, the queries are the keys.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from lumina.attention.rules import AUTO, AttentionRule, Rows, resolve_rule, segm
 from lumina.attention.runs import Run, group_runs
 from lumina.data.batch import PackedBatch
 
-STRICT_ENV = "LUMINA_ATTN_STRICT"
 ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 
 
@@ -45,13 +38,9 @@ class Side:
 
 @dataclass(eq=False)
 class AttentionSpec:
-    """The queries and keys of one pack plus host facts.
-
-    rule: the attention rule in force. num_invalid: query rows with token_valid false (they attend nothing:
-    the official fully masked row). runs: adjacent segments of equal (query, key) lengths grouped;
-    run_plain: per run, whether the rule allows every pair inside it (computed in build_spec for the
-    backends that plan runs, else on first use).
-    """
+    """The queries and keys of one pack plus host facts. num_invalid: query rows with token_valid false.
+    runs: adjacent segments of equal (query, key) lengths; run_plain: per run, whether the rule allows every
+    pair inside it (see `plain`)."""
 
     backend: str
     strict: bool
@@ -77,22 +66,6 @@ class AttentionSpec:
     def bounds(self) -> tuple[int, ...]:
         return self.queries.bounds
 
-    @property
-    def seg_id(self) -> torch.Tensor:
-        return self.queries.seg_id
-
-    @property
-    def valid(self) -> torch.Tensor:
-        return self.queries.valid
-
-    @property
-    def has_invalid(self) -> bool:
-        return self.num_invalid > 0
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
-
     def final_rows(self) -> torch.Tensor:
         """[1, Lk] bool: key rows the rule makes final (valid rows only; see `AttentionRule.final_rows`)."""
         keys = self.keys
@@ -106,15 +79,11 @@ class AttentionSpec:
             for qs, ks in zip(range(run.q_start, run.q_start + run.q_size, run.q_length),
                               range(run.k_start, run.k_start + run.k_size, run.k_length), strict=True)])
 
-    def plain_flags(self) -> torch.Tensor:
-        """[n_runs] bool on device: the rule allows every pair inside every segment of the run."""
-        return torch.stack([self.run_allowed(run).all() for run in self.runs])
-
     def plain(self) -> tuple[bool, ...]:
-        """Per run: no mask needed (build_spec computes this for the backends that plan runs; another
-        backend pays one host read here, once)."""
+        """Per run: the rule allows every pair inside it, so no mask is needed (one host read, once)."""
         if self.run_plain is None:
-            self.run_plain = tuple(bool(p) for p in self.plain_flags().tolist())
+            flags = torch.stack([self.run_allowed(run).all() for run in self.runs])
+            self.run_plain = tuple(bool(p) for p in flags.tolist())
         return self.run_plain
 
     def allowed(self, rows: slice, cols: slice) -> torch.Tensor:
@@ -127,7 +96,7 @@ class AttentionSpec:
         if row_stop - row_start <= step:
             return self._allowed(slice(row_start, row_stop), cols)
         out = torch.empty(1, row_stop - row_start, col_stop - col_start, dtype=torch.bool,
-                          device=self.valid.device)
+                          device=self.queries.valid.device)
         for first in range(row_start, row_stop, step):
             last = min(first + step, row_stop)
             out[:, first - row_start:last - row_start] = self._allowed(slice(first, last), cols)
@@ -148,12 +117,8 @@ class AttentionSpec:
         return self.cache[key]
 
 
-def strict_from_env() -> bool:
-    return os.environ.get(STRICT_ENV, "0") not in ("", "0", "false", "False")
-
-
-def _side(batch: PackedBatch, who: str) -> tuple[Side, torch.Tensor, torch.Tensor]:
-    """Validate one side's shapes and bounds -> (side, cu_seqlens, the bounds as a tensor like it)."""
+def _side(batch: PackedBatch, who: str) -> Side:
+    """Validate one side's shapes and host bounds (`build_spec` reads the device checks)."""
     seq_len = batch.seq_len
     for name in ("type_ids", "turn_ids", "block_ids", "is_clean", "token_valid"):
         t = getattr(batch, name)
@@ -169,36 +134,30 @@ def _side(batch: PackedBatch, who: str) -> tuple[Side, torch.Tensor, torch.Tenso
     if cu.dim() != 1 or cu.numel() != len(bounds):
         raise ValueError(f"{who}cu_seqlens has shape {list(cu.shape)} but {who}seg_bounds has {len(bounds)} "
                          f"entries {list(bounds)}")
-    device = batch.token_valid.device
-    expected = torch.tensor(bounds, dtype=cu.dtype, device=cu.device)
-    side = Side(bounds=bounds, seg_id=segment_ids(expected.to(device), seq_len).unsqueeze(0),
-                valid=batch.token_valid, rows=Rows(batch.is_clean, batch.turn_ids, batch.block_ids, batch.type_ids))
-    return side, cu, expected
+    seg_id = segment_ids(torch.tensor(bounds, device=batch.token_valid.device), seq_len).unsqueeze(0)
+    rows = Rows(batch.is_clean, batch.turn_ids, batch.block_ids, batch.type_ids)
+    return Side(bounds, seg_id, batch.token_valid, rows)
 
 
 def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = False, rule: str = AUTO,
                keys: PackedBatch | None = None) -> AttentionSpec:
-    """Validate a packed batch and build its attention spec. Every host read happens here (cu_seqlens when
-    seg_bounds is absent, one read of the checks, one of the plain runs for the backends that plan runs); the
-    layers do none. Raises ValueError naming the tensor and values on any violation: bad cu_seqlens,
-    seg_bounds that disagree with it, tail positions with token_valid true, metadata of the wrong length,
-    unknown backend or rule. `strict` (or env LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises
-    RuntimeError instead of falling back to `segmented`. `rule`: an attention rule's name ("auto": the
-    official choice per pack). `keys`: the key rows when they are not the query rows `batch` (same number of
-    segments, at least as many rows). A window of a pack (`batch.whole` set, sequence parallelism) gets the
-    spec of its whole pack."""
+    """Validate a packed batch and build its attention spec; every host read happens here, the layers do none.
+    Raises ValueError naming the tensor and values on any violation (bad cu_seqlens, seg_bounds that disagree
+    with it, valid tail positions, metadata of the wrong length, unknown backend or rule). `strict` (or env
+    LUMINA_ATTN_STRICT=1): a backend that cannot serve a call raises instead of falling back. `rule`: a rule's
+    name ("auto": the official choice per pack). `keys`: the key rows when they are not `batch` (same number
+    of segments, at least as many rows). A window of a pack (`batch.whole` set) gets its whole pack's spec."""
     if batch.whole is not None:
         batch = batch.whole
     backend_cls = backend_class(backend)
-    strict = strict or strict_from_env()
-    queries, q_cu, q_expected = _side(batch, "")
-    sides = [(batch, queries, q_cu, q_expected, "")]
-    key_side = queries
+    strict = strict or os.environ.get("LUMINA_ATTN_STRICT", "0") not in ("", "0", "false", "False")
+    queries = key_side = _side(batch, "")
+    sides = [(batch, queries, "")]
     if keys is not None:
         if keys.whole is not None:
             raise ValueError("keys: a window of a pack (keys.whole set); pass the whole pack's key rows")
-        key_side, k_cu, k_expected = _side(keys, "keys.")
-        sides.append((keys, key_side, k_cu, k_expected, "keys."))
+        key_side = _side(keys, "keys.")
+        sides.append((keys, key_side, "keys."))
         if len(key_side.bounds) != len(queries.bounds):
             raise ValueError(f"keys.seg_bounds {list(key_side.bounds)} hold {len(key_side.bounds) - 1} segments, "
                              f"the queries' {list(queries.bounds)} hold {len(queries.bounds) - 1}")
@@ -207,17 +166,18 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
     device = batch.token_valid.device
     # One host read for the checks and the rule; a second (backends that plan runs) for which runs are plain.
     facts = []
-    for pack, side, cu, expected, _ in sides:
+    for pack, side, _ in sides:
+        cu = pack.cu_seqlens
+        expected = torch.tensor(side.bounds, dtype=cu.dtype, device=cu.device)
         facts += [(cu != expected).any().long().to(device), pack.token_valid[:, side.bounds[-1]:].any().long().to(device),
                   (pack.block_ids >= 0).any().long().to(device)]
     facts.append((~batch.token_valid).sum())
     facts = torch.stack(facts).tolist()
-    for i, (pack, side, cu, _, who) in enumerate(sides):
-        cu_mismatch, tail_valid = facts[3 * i], facts[3 * i + 1]
-        end = side.bounds[-1]
-        if cu_mismatch:
+    for i, (pack, side, who) in enumerate(sides):
+        end, cu = side.bounds[-1], pack.cu_seqlens
+        if facts[3 * i]:
             raise ValueError(f"{who}seg_bounds {list(side.bounds)} disagree with {who}cu_seqlens {cu.tolist()}")
-        if tail_valid:
+        if facts[3 * i + 1]:
             where = (pack.token_valid[0, end:].nonzero()[:, 0] + end)[:6].tolist()
             raise ValueError(f"{who}token_valid is true at tail positions {where} after {who}cu_seqlens[-1]={end}; "
                              "tail padding must be invalid")
@@ -231,6 +191,6 @@ def build_spec(batch: PackedBatch, backend: str = "sdpa_dense", strict: bool = F
         num_invalid=int(facts[-1]),
         runs=group_runs(queries.bounds, key_side.bounds),
     )
-    if backend_cls.plans_runs:  # no host read is left for the layers
+    if backend_cls.plans_runs:
         spec.plain()
     return spec

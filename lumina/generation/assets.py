@@ -1,6 +1,5 @@
 """What generation needs besides the weights: the text tokenizer, the special tokens, and the visual tokenizer
-that turns codes into pixels and pixels into codes (the built-in world's, or the one a checkpoint trained on
-your own data carries in `visual_tokenizer/`)."""
+(codes <-> pixels: the built-in world's, or the one a checkpoint carries in `visual_tokenizer/`)."""
 
 from __future__ import annotations
 

@@ -9,15 +9,11 @@ GUIDANCE_TARGETS = ("hidden", "logits")
 
 @dataclass(frozen=True)
 class TextSamplingConfig:
-    """Block-diffusion text decoding (contract 6.2).
-
-    gen_length: answer budget in tokens (the last block is shortened to end at it); block_length: tokens per
-    block; steps: denoising steps per block (the model's masking schedule; more steps than a block's tokens are allowed,
-    the extra ones commit nothing, as in the official sampler); temperature 0 = argmax; top_k / top_p filters;
-    threshold: commit every masked slot whose confidence exceeds it when at least the scheduled number do
-    (contract 6.1), None = always the scheduled top-confidence slots; batch_size: prompts per forward.
-    Defaults are the official text-understanding ones (contract 6.2: 1024 tokens, blocks of 32, 32 steps,
-    temperature 0, seed 65513)."""
+    """Block-diffusion text decoding; the defaults are the official text-understanding ones (contract 6.2).
+    gen_length: answer budget in tokens (the last block ends at it); block_length: tokens per block; steps:
+    denoising steps per block (steps beyond a block's tokens commit nothing); temperature 0 = argmax;
+    threshold: commit every masked slot above it when at least the scheduled number are (contract 6.1), None
+    = the scheduled most confident slots; batch_size: prompts per forward."""
 
     gen_length: int = 1024
     block_length: int = 32
@@ -30,10 +26,7 @@ class TextSamplingConfig:
     seed: int = 65513
 
     def __post_init__(self) -> None:
-        for name in ("gen_length", "block_length", "steps", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"TextSamplingConfig.{name}={getattr(self, name)!r}: must be a positive integer")
-        _check_common("TextSamplingConfig", self.temperature, self.top_k, self.top_p)
+        _check_common(self, ("gen_length", "block_length", "steps", "batch_size"))
         if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"TextSamplingConfig.threshold={self.threshold}: must lie in (0, 1] or be None")
 
@@ -48,15 +41,11 @@ class TextSamplingConfig:
 
 @dataclass(frozen=True)
 class ImageSamplingConfig:
-    """Masked image generation with the model's masking schedule's keep counts (contract 6.3).
-
-    steps: denoising steps T; temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
-    cfg_scale: single guidance scale s; for editing, text_scale / image_scale > 0 select dual guidance (then
-    cfg_scale must be 0); guidance: what the scales act on, "hidden" (the final hidden states, contract 6.3) or
-    "logits" (each codebook's logits in the channel head, all branches fed the same sampled codes);
-    batch_size: prompts per forward (all guidance branches run in the same pack).
-    Defaults are the official text-to-image ones (contract 6.3: 96 steps, s = 3.0, temperature 1.0); the
-    official editing defaults are steps=64, cfg_scale=1.0."""
+    """Masked image generation; the defaults are the official text-to-image ones (contract 6.3; editing:
+    steps=64, cfg_scale=1.0). temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
+    cfg_scale: single guidance scale s; text_scale / image_scale > 0 select dual guidance for editing (then
+    cfg_scale must be 0); guidance: what the scales act on, "hidden" (the final hidden states) or "logits"
+    (each codebook's logits, all branches fed the same sampled codes); batch_size: prompts per forward."""
 
     steps: int = 96
     temperature: float = 1.0
@@ -72,10 +61,7 @@ class ImageSamplingConfig:
     def __post_init__(self) -> None:
         if self.guidance not in GUIDANCE_TARGETS:
             raise ValueError(f"ImageSamplingConfig.guidance={self.guidance!r}: expected one of {GUIDANCE_TARGETS}")
-        for name in ("steps", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"ImageSamplingConfig.{name}={getattr(self, name)!r}: must be a positive integer")
-        _check_common("ImageSamplingConfig", self.temperature, self.top_k, self.top_p)
+        _check_common(self, ("steps", "batch_size"))
         if self.dual and self.cfg_scale != 0:
             raise ValueError(f"ImageSamplingConfig.cfg_scale={self.cfg_scale}: must be 0 when text_scale="
                              f"{self.text_scale} / image_scale={self.image_scale} select dual guidance")
@@ -88,7 +74,11 @@ class ImageSamplingConfig:
         return self.text_scale > 0 or self.image_scale > 0
 
 
-def _check_common(owner: str, temperature: float, top_k: int | None, top_p: float | None) -> None:
+def _check_common(config: TextSamplingConfig | ImageSamplingConfig, positive: tuple[str, ...]) -> None:
+    owner, temperature, top_k, top_p = type(config).__name__, config.temperature, config.top_k, config.top_p
+    for name in positive:
+        if not isinstance(getattr(config, name), int) or getattr(config, name) <= 0:
+            raise ValueError(f"{owner}.{name}={getattr(config, name)!r}: must be a positive integer")
     if temperature < 0:
         raise ValueError(f"{owner}.temperature={temperature}: must be >= 0")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 0):

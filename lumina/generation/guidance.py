@@ -1,6 +1,5 @@
-"""Classifier-free guidance on the final hidden states of image-answer rows, before the channel head
-(contract 6.3), or on the channel head's logits per codebook (`ImageSamplingConfig.guidance="logits"`): the
-same formulas on tensors of any shape [N, D]."""
+"""Classifier-free guidance (contract 6.3) on the final hidden states of image-answer rows or on the channel
+head's logits per codebook: the same formulas on [N, D] tensors."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Masked image generation (contract 6.3): text-to-image and editing.
-
-A prompt's answer is a grid of h x w cells (plus row markers), all masked at the start. Each of the `steps`
-steps: one backbone forward over every prompt's guidance branches (one pack), guidance on the hidden states
-of the still-masked cells (or, with `guidance="logits"`, on each codebook's logits, every branch's channel
-head fed the same sampled codes), the C codebooks of every masked cell sampled in order through the channel
-head, the new codes written into every branch, confidence = mean of the C probabilities (in the model's dtype),
-and the cells scoring below the keep_k-th lowest log(confidence) + temperature * Gumbel masked again (keep_k:
-the model's masking schedule's `image_keep`, cosine for the official one, 0 at the last step; at most all but
-one of the cells sampled in a step, so every step commits at least one). Sampling stops early once no cell is left masked. At temperature 0 this is the official
-`generate_image_ar` rule for rule; above 0 the random streams differ from the official ones.
+"""Masked image generation (contract 6.3): text-to-image and editing. A prompt's answer is a grid of h x w
+cells, all masked at the start. Each step: one backbone forward over every prompt's guidance branches (one
+pack), guidance on the masked cells' hidden states (or logits), the C codebooks of every masked cell sampled
+through the channel head, confidence = mean of the C probabilities (model dtype), and the cells below the
+keep_k-th lowest log(confidence) + temperature * Gumbel masked again (keep_k: the masking schedule's
+`image_keep`; every step commits at least one cell). At temperature 0 this is the official `generate_image_ar`
+rule for rule; above 0 the random streams differ from the official ones.
 """
 
 from __future__ import annotations
@@ -18,14 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lumina.data.noise import stable_seed
 from lumina.data.packing import collate_pack
 from lumina.data.schema import Text
 from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.guidance import guide_dual, guide_single
-from lumina.generation.sampling import gumbel, model_schedule, remask_lowest, sample_tokens
+from lumina.generation.sampling import gumbel, model_schedule, remask_lowest, sample_tokens, seeded_generator
 from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 from lumina.model.image_heads import SampleFn
@@ -41,17 +36,10 @@ class ImageAnswer:
 
 @dataclass
 class StepTrace:
-    """What one step did, per prompt: cells committed so far and the guided hidden states [n_masked, H] the
-    channel head sampled from (kept only when tracing; used by tests and debugging)."""
+    """What one step did, per prompt: cells committed so far and the guided hidden states [n_masked, H]."""
 
     committed: list[int]
     guided: list[torch.Tensor] | None = None
-
-
-def branch_mode(config: ImageSamplingConfig) -> str:
-    if config.dual:
-        return "dual"
-    return "single" if config.cfg_scale != 0 else "none"
 
 
 @torch.no_grad()
@@ -79,7 +67,7 @@ def generate_images(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
 
 def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens, config: ImageSamplingConfig,
                     device: torch.device, trace: list[StepTrace] | None) -> list[torch.Tensor]:
-    branches = BRANCHES[branch_mode(config)]
+    branches = BRANCHES["dual" if config.dual else "single" if config.cfg_scale != 0 else "none"]
     sequences, cell_rows = [], []  # cell_rows[branch][prompt]: flat rows [n_cells]
     offset = 0
     for drop_text, drop_image in branches:
@@ -95,7 +83,7 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
     n = len(prompts)
     unguided = [len(branches) == 2 and _same_sequence(sequences[i], sequences[n + i]) for i in range(n)]
     batch = collate_pack(sequences, offset, tokens.pad, tokens.num_codebooks).to(device)
-    generators = [_generator(config.seed, p.key, device) for p in prompts]
+    generators = [seeded_generator(config.seed, p.key, "image", device) for p in prompts]
     num_cells = [p.grid[0] * p.grid[1] for p in prompts]
     masked = [torch.ones(n, dtype=torch.bool, device=device) for n in num_cells]
     codes = [torch.full((n, tokens.num_codebooks), tokens.image_mask, dtype=torch.long, device=device)
@@ -117,7 +105,8 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
             guided = [hidden[cell_rows[0][i][masked[i]]] for i in range(len(prompts))]  # traced: h_c
             new_codes, probs = _sample_logit_guided(model, hidden, cell_rows, masked, config, sample_fn)
         else:
-            guided = [_guide(hidden, cell_rows, i, masked[i], config, unguided[i]) for i in range(len(prompts))]
+            guided = [_combine([hidden[rows[i][masked[i]]] for rows in cell_rows], config, unguided[i])
+                      for i in range(len(prompts))]
             new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
         confidence = probs.mean(dim=1)  # in the model's dtype, like the official sampler
         start = 0
@@ -130,8 +119,7 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
                 score = score + tau * gumbel((k,), generators[i], device).to(score.dtype)
             remask = where[remask_lowest(score, schedule.image_keep(n, step, config.steps))]
             codes[i][remask] = tokens.image_mask
-            masked[i] = torch.zeros_like(masked[i])
-            masked[i][remask] = True
+            masked[i] = torch.zeros_like(masked[i]).index_fill_(0, remask, True)
             start += k
             for rows_of_branch in cell_rows:
                 batch.input_ids[0, rows_of_branch[i]] = codes[i]
@@ -141,31 +129,25 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
     return codes
 
 
-def _guide(hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]], i: int, masked: torch.Tensor,
-           config: ImageSamplingConfig, unguided: bool = False) -> torch.Tensor:
-    """Guided hidden states [n_masked, H] of prompt i's masked cells (h_c when `unguided`)."""
-    states = [hidden[rows[i][masked]] for rows in cell_rows]
+def _combine(branches: list[torch.Tensor], config: ImageSamplingConfig, unguided: bool = False
+             ) -> torch.Tensor:
+    """The branches' [N, D] tensors (conditional first) -> guided [N, D] (h_c when `unguided`)."""
     if config.dual:
-        return guide_dual(states[0], states[1], states[2], config.text_scale, config.image_scale)
-    return guide_single(states[0], None if unguided or len(states) == 1 else states[1], config.cfg_scale)
+        return guide_dual(*branches, config.text_scale, config.image_scale)
+    negative = None if unguided or len(branches) == 1 else branches[1]
+    return guide_single(branches[0], negative, config.cfg_scale)
 
 
 def _sample_logit_guided(model: nn.Module, hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]],
                          masked: list[torch.Tensor], config: ImageSamplingConfig,
                          sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
-    """Guidance on logits: the channel head runs on every branch's masked-cell states [B * N, H] at once;
-    for each codebook the branches' logits [N, K] are combined like hidden states (`guide_single` /
-    `guide_dual`), one code per cell is sampled from the result, and every branch embeds that code for the
-    next codebook. -> (codes [N, C], probabilities [N, C]) under the guided distribution."""
+    """Guidance on logits: the channel head runs on every branch's masked-cell states at once; per codebook
+    the branches' logits [N, K] are combined like hidden states, one code per cell is sampled, and every
+    branch embeds it for the next codebook. -> (codes [N, C], probabilities [N, C]) of the guided draw."""
     states = [torch.cat([hidden[rows[i][m]] for i, m in enumerate(masked)]) for rows in cell_rows]
 
     def guided_fn(logits: torch.Tensor, codebook: int) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = logits.chunk(len(cell_rows))
-        if config.dual:
-            combined = guide_dual(parts[0], parts[1], parts[2], config.text_scale, config.image_scale)
-        else:
-            combined = guide_single(parts[0], parts[1], config.cfg_scale)
-        tokens, probs = sample_fn(combined, codebook)
+        tokens, probs = sample_fn(_combine(list(logits.chunk(len(cell_rows))), config), codebook)
         return tokens.repeat(len(cell_rows)), probs.repeat(len(cell_rows))
 
     codes, probs = model.sample_image_codes(torch.cat(states), guided_fn)
@@ -177,9 +159,3 @@ def _same_sequence(a: TrainingSequence, b: TrainingSequence) -> bool:
     """Two branches' sequences agree in every id and metadata column the backbone reads."""
     names = ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean")
     return len(a) == len(b) and all(torch.equal(getattr(a, k), getattr(b, k)) for k in names)
-
-
-def _generator(seed: int, key: int | str, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(stable_seed(seed, key, "image"))
-    return gen

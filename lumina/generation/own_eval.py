@@ -1,17 +1,12 @@
 """`lumina-generate task=eval eval.data=DIR`: evaluate a checkpoint on the held-out split of your own dataset.
-
-DIR is held-out Parquet shards, or a dataset root (`lumina.data.roots`: its val/ or validation/ split). Each
-single-exchange sample ([system], user, assistant) is one item of the task its structure names:
-    understand  text answer to a prompt holding media     scored: exact match and BLEU of the decoded answer
-    text        text answer to a text-only prompt         scored: exact match and BLEU
-    t2i         image answer to a text-only prompt        the sample grid: prompt, truth | generated
-    edit        image answer to a prompt holding an image the sample grid: prompt, truth | generated
-Samples of more than one exchange are counted in "skipped" (never dropped silently). Up to `num_items` items
-per task are drawn by a seeded permutation. Exact match compares the whitespace-normalised strings; BLEU is
-torchmetrics' corpus `BLEUScore` (n_gram 4, smoothed: captions are short). `<task>/loss` is the objective's
-held-out loss over all of the task's samples, laid out as validation lays them out (`layout_eval` at noise
-`noise_t`, seed `noise_seed`, default noise settings), one sample per forward, averaged by `HeldOutLoss`.
-Writes <out>/eval.json ({"metrics", "answers", "skipped"}) and <out>/samples.png.
+DIR is held-out Parquet shards, or a dataset root (its val/ or validation/ split). Each single-exchange sample
+is one item of the task its structure names: understand (text answer, prompt with media), text (text answer,
+text-only prompt), both scored by exact match (whitespace-normalised) and corpus BLEU (n_gram 4, smoothed);
+t2i (image answer, text-only prompt) and edit (image answer, prompt with an image), drawn in the sample grid
+(prompt, truth | generated). Longer samples are counted in "skipped". Up to `num_items` items per task are
+drawn by a seeded permutation. `<task>/loss` is the held-out loss over all the task's samples, laid out as
+validation does (`layout_eval` at noise `noise_t`, seed `noise_seed`), averaged by `HeldOutLoss`. Writes
+<out>/eval.json ({"metrics", "answers", "skipped"}) and <out>/samples.png.
 """
 
 from __future__ import annotations
@@ -123,14 +118,10 @@ def evaluate_own(model: nn.Module, assets: GenerationAssets, config: OwnEvalConf
     from torchmetrics.text import BLEUScore
 
     dataset = held_out_dataset(config.data, assets)
-    by_task: dict[str, list[int]] = {}
-    skipped = 0
+    by_task: dict[str | None, list[int]] = {}
     for i in range(len(dataset)):
-        task = task_of(dataset[i])
-        if task is None:
-            skipped += 1
-        else:
-            by_task.setdefault(task, []).append(i)
+        by_task.setdefault(task_of(dataset[i]), []).append(i)
+    skipped = len(by_task.pop(None, []))
     if not by_task:
         raise ValueError(f"eval.data={config.data!r}: no single-exchange samples to evaluate ({skipped} skipped)")
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(config.seed)).tolist()

@@ -1,7 +1,5 @@
-"""Token-level sampling primitives shared by the text and image samplers (contract section 6).
-
-Randomness comes only from the `torch.Generator`s passed in, so a sampler is deterministic under a seed.
-Gumbel noise g = -log(-log u), u ~ U(0, 1), drawn in fp64 on the logits' device.
+"""Token-level sampling primitives shared by the text and image samplers (contract section 6). Randomness
+comes only from the `torch.Generator`s passed in, so a sampler is deterministic under a seed.
 """
 
 from __future__ import annotations
@@ -9,11 +7,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lumina.data.noise import stable_seed
 from lumina.data.schedules import MaskingSchedule, build_schedule
 
 
+def seeded_generator(seed: int, key: int | str, stream: str, device: torch.device) -> torch.Generator:
+    """The generator of one prompt (`key`) in one sampler's `stream` ("text" / "image")."""
+    return torch.Generator(device=device).manual_seed(stable_seed(seed, key, stream))
+
+
 def gumbel(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """fp64 Gumbel(0, 1) noise of `shape`."""
+    """fp64 Gumbel(0, 1) noise of `shape`: -log(-log u), u ~ U(0, 1)."""
     u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
     neg_log_u = (-torch.log(u.clamp_min(1e-300))).clamp_min(1e-300)
     return -torch.log(neg_log_u)
@@ -39,12 +43,9 @@ def sample_tokens(logits: torch.Tensor, temperature: float, generators: list[tor
                   counts: list[int], top_k: int | None = None, top_p: float | None = None,
                   confidence_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (tokens int64 [N], confidence [N] in `confidence_dtype`).
-
-    token = argmax(logits + temperature * Gumbel) in fp64 (plain argmax at temperature 0), i.e. a draw from
-    softmax(logits / temperature) after the top-k / top-p filters; confidence = softmax(filtered logits) at the
-    token, computed in `confidence_dtype` (the official text sampler uses fp64, the image sampler the model's
-    dtype). Rows are split into consecutive groups of `counts[i]` rows, the noise of group i drawn from
-    `generators[i]` (one generator per prompt: results do not depend on how prompts are batched)."""
+    token = argmax(filtered logits + temperature * Gumbel) in fp64, a draw from softmax(logits / temperature);
+    confidence = softmax(filtered logits) at the token. Consecutive groups of `counts[i]` rows draw their
+    noise from `generators[i]` (one per prompt: results do not depend on how prompts are batched)."""
     if sum(counts) != logits.shape[0] or len(counts) != len(generators):
         raise ValueError(f"counts {counts} must sum to the {logits.shape[0]} logit rows, one per generator")
     filtered = filter_top_k_top_p(logits.double(), top_k, top_p)

@@ -1,16 +1,14 @@
-"""Inference sequences, built only from the training layout's functions (`lumina.data.layout*`), so the
-samplers see exactly the ids, types, turns, blocks, clean flags and positions training produced.
-
-Text (contract 6.2): [prompt (turn 0, clean, block -1) | BOA (turn 1, noisy, block 0) | finished answer
-blocks (clean) | current block (noisy, text mask ids)]; answer offset o sits at position P + 1 + o, block
-o // block_length, like the training answer rows and their clean memory copy.
-Image (contract 6.3): [prompt | BOA BOI grid EOI EOA] with the grid all image-mask ids; guidance branches
-drop the prompt's text (`<uncondition>`) and/or media exactly as the training CFG dropout does.
+"""Inference sequences, built only from the training layout's functions, so the samplers see exactly the ids
+and metadata training produced. Text (contract 6.2): [prompt (turn 0, clean) | BOA (turn 1, noisy) | finished
+answer blocks (clean) | current block (noisy, text mask ids)]. Image (contract 6.3): [prompt | BOA BOI grid
+EOI EOA], the grid all image-mask ids; guidance branches drop the prompt's text and/or media as the training
+CFG dropout does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -68,26 +66,24 @@ def text_sequence(prompt: TrainingSequence, finished: list[int], block: torch.Te
     if len(finished) != block_index * block_length:
         raise ValueError(f"{len(finished)} finished answer tokens, expected block_index * block_length = "
                          f"{block_index * block_length}")
-    boa_position = len(prompt)
     sid = prompt.sample_id
-    pieces = [prompt, layout_text_answer(torch.zeros(0, dtype=torch.long), tokens, turn=1, boa_position=boa_position,
-                                         block_length=block_length, sample_id=sid)]
+    answer = partial(layout_text_answer, tokens=tokens, turn=1, boa_position=len(prompt),
+                     block_length=block_length, sample_id=sid)
+    pieces = [prompt, answer(torch.zeros(0, dtype=torch.long))]
     if finished:
-        pieces.append(layout_text_answer(finished, tokens, turn=1, boa_position=boa_position,
-                                         block_length=block_length, clean=True, with_boa=False, sample_id=sid))
-    pieces.append(layout_text_answer(block, tokens, turn=1, boa_position=boa_position, block_length=block_length,
-                                     clean=False, with_boa=False, first_offset=block_index * block_length,
-                                     sample_id=sid))
+        pieces.append(answer(finished, clean=True, with_boa=False))
+    pieces.append(answer(block, clean=False, with_boa=False, first_offset=block_index * block_length))
     if len(block) > block_length:
         raise ValueError(f"block of {len(block)} slots, more than block_length={block_length}")
     sequence = concat_pieces(pieces, sid)
     return sequence, torch.arange(len(sequence) - len(block), len(sequence))
 
 
-def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool,
-                          drop_image: bool) -> list[Part]:
-    """The prompt parts after the training CFG dropout (`plan_exchanges` on a one-exchange sample whose
-    answer is an image): drop_text replaces the text with one `<uncondition>`, drop_image removes media."""
+def image_sequence(prompt: Prompt, tokens: SpecialTokens, drop_text: bool = False,
+                   drop_image: bool = False) -> tuple[TrainingSequence, torch.Tensor]:
+    """One guidance branch: the prompt after the training CFG dropout (`plan_exchanges` on a one-exchange
+    sample whose answer is an image: drop_text replaces the text with one `<uncondition>`, drop_image removes
+    media) + BOA BOI grid EOI EOA with every cell masked. Returns (sequence, cell rows [h * w], row-major)."""
     if prompt.grid is None:
         raise ValueError(f"prompt {prompt.key!r}: an image answer needs grid=(h, w)")
     if len(prompt.grid) != 2 or not all(isinstance(g, int) and g > 0 for g in prompt.grid):
@@ -97,15 +93,7 @@ def guidance_prompt_parts(prompt: Prompt, tokens: SpecialTokens, drop_text: bool
     turns = [] if prompt.system is None else [Turn("system", [Text(list(prompt.system))])]
     turns += [Turn("user", list(prompt.parts)), Turn("assistant", [placeholder])]
     (exchange,) = plan_exchanges(Sample(str(prompt.key), turns), tokens, drop_text, drop_image)
-    return exchange.prompt_parts
-
-
-def image_sequence(prompt: Prompt, tokens: SpecialTokens, drop_text: bool = False,
-                   drop_image: bool = False) -> tuple[TrainingSequence, torch.Tensor]:
-    """One guidance branch: prompt (after dropout) + BOA BOI grid EOI EOA with every cell masked.
-    Returns (sequence, cell rows [h * w] in row-major cell order)."""
-    parts = guidance_prompt_parts(prompt, tokens, drop_text, drop_image)
-    head = prompt_piece(prompt, tokens, parts)
+    head = prompt_piece(prompt, tokens, exchange.prompt_parts)
     answer = layout_image_answer(prompt.grid, tokens, turn=1, start_position=len(head), sample_id=str(prompt.key))
     return concat_pieces([head, answer], str(prompt.key)), len(head) + image_answer_cell_rows(prompt.grid)
 

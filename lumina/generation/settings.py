@@ -1,10 +1,6 @@
 """lumina-generate's per-task settings: the values given in the config over the defaults of the checkpoint's
-kind, `conf/generate/<kind>.yaml` (official: the official inference scripts' per-task defaults and system
-prompts; world: the built-in world's; small: a small model trained on its own data).
-
-`generate=auto` (the default) picks the kind from the checkpoint: "world" for the built-in world's vocabulary,
-"official" for an official-size model with the official special-token ids and AToken's 8 x 4096 codes, else
-"small". Tasks are the system-prompt keys of `lumina.data.prompts` (understanding by the media kind).
+kind, `conf/generate/<kind>.yaml` (official, world or small; `generate=auto` picks it: `checkpoint_kind`).
+Tasks are the system-prompt keys of `lumina.data.prompts` (understanding by the media kind).
 """
 
 from __future__ import annotations
@@ -29,7 +25,8 @@ OFFICIAL_CODES = (8, 4096)  # AToken: 8 codebooks of 4096 codes
 
 
 def checkpoint_kind(config: LuminaConfig, tokens: SpecialTokens, text_tokenizer: TextTokenizer) -> str:
-    """"world" (the world's vocabulary), "official" or "small" (module docstring)."""
+    """"world" (the built-in world's vocabulary), "official" (an official-size model with the official
+    special-token ids and AToken's 8 x 4096 codes), else "small"."""
     if isinstance(text_tokenizer, WordTokenizer) and text_tokenizer.vocab == world_text_tokenizer().vocab:
         return "world"
     official, contract = LuminaConfig.official(), SpecialTokens.official()

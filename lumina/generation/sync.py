@@ -1,9 +1,6 @@
-"""Keeping sampling ranks in lockstep under FSDP2 / expert parallelism.
-
-Every rank samples its own share of prompts, but all ranks must issue the same sequence of forwards (each
-forward all-gathers parameters / exchanges tokens). The samplers therefore agree, with one small all-reduce
-per block (text) or per prompt batch (image), on whether any rank still has work; a rank without work runs
-the same step on a dummy one-prompt batch. Without an initialised process group these are local no-ops.
+"""Keeping sampling ranks in lockstep under FSDP2 / expert parallelism: every rank samples its own prompts,
+but all must issue the same forwards, so the samplers agree (one small all-reduce) on whether any rank still
+has work, and a rank without work runs a dummy one-prompt batch. Without a process group these are no-ops.
 """
 
 from __future__ import annotations
@@ -18,10 +15,6 @@ SAMPLER_METHODS = (("", "backbone"), ("", "sample_image_codes"), ("image_head", 
 
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def rank_and_world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
 
 
 def max_over_ranks(value: int, device: torch.device) -> int:
@@ -40,18 +33,15 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 def shard_indices(num_items: int) -> list[int]:
     """This rank's share of item indices: rank, rank + world, ... (every item on exactly one rank)."""
-    rank, world = rank_and_world()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
     return list(range(rank, num_items, world))
 
 
 def prepare_for_sampling(model: nn.Module) -> nn.Module:
-    """Under FSDP2, register the sampler entry points of every sharded unit that has one (the root; the channel
-    head when it is its own unit, as in `lumina.distributed.parallelize`) as forward methods, so that calling
+    """Under FSDP2, register the sampler entry points of every sharded unit as forward methods, so calling
     them gathers that unit's parameters like `forward` does. Idempotent; unsharded models pass through."""
-    try:
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return model
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
     for path, name in SAMPLER_METHODS:
         module = model.get_submodule(path) if path else model
         flag = f"_lumina_sampling_{name}"

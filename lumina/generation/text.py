@@ -1,14 +1,9 @@
-"""Block-diffusion text decoding (contract 6.2): understanding and text QA.
-
-Per prompt: the answer grows one block of `block_length` tokens at a time, the last block shortened so the
-answer holds exactly `gen_length` slots. A block starts as text-mask ids; each of its `steps` steps runs the
-backbone on the whole sequence, reads text logits at the block's masked rows, samples a candidate and its
-confidence (fp64) per row, and commits the scheduled number of highest-confidence rows (the model's masking
-schedule's `text_commits`, linear for the official one; steps beyond the block's length commit nothing and
-are skipped, as they change nothing in the official sampler; with `threshold`, every row above it when enough
-are). A finished block becomes clean context for the next. A
-prompt stops after the first block that holds EOA; its answer is cut before EOA.
-Prompts are packed (one segment each) up to `batch_size` per forward.
+"""Block-diffusion text decoding (contract 6.2): understanding and text QA. Per prompt the answer grows one
+block at a time (`TextSamplingConfig`). A block starts as text-mask ids; each step runs the backbone, samples
+a candidate and its confidence (fp64) at the block's masked rows, and commits the scheduled number of most
+confident rows (the masking schedule's `text_commits`; steps that commit nothing are skipped, as they change
+nothing in the official sampler). A finished block becomes clean context for the next; a prompt stops after
+the first block that holds EOA. Prompts are packed up to `batch_size` per forward.
 """
 
 from __future__ import annotations
@@ -18,13 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lumina.data.noise import stable_seed
 from lumina.data.packing import collate_pack
 from lumina.data.schema import Text
-from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import TextSamplingConfig
-from lumina.generation.sampling import model_schedule, sample_tokens
+from lumina.generation.sampling import model_schedule, sample_tokens, seeded_generator
 from lumina.generation.sequences import Prompt, prompt_piece, text_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 
@@ -41,7 +34,6 @@ class TextAnswer:
 
 class _State:
     def __init__(self, prompt: Prompt, tokens: SpecialTokens, generator: torch.Generator) -> None:
-        self.prompt = prompt
         self.piece = prompt_piece(prompt, tokens)
         self.generator = generator
         self.answer: list[int] = []
@@ -61,23 +53,15 @@ def generate_text(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens
     num_batches = max_over_ranks(-(-len(prompts) // size), device)
     for b in range(num_batches):
         chunk = prompts[b * size:(b + 1) * size]
-        states = [_State(p, tokens, _generator(config.seed, p.key, device)) for p in chunk]
+        states = [_State(p, tokens, seeded_generator(config.seed, p.key, "text", device)) for p in chunk]
         _decode_batch(model, states, tokens, config, device)
         answers += [_answer_of(s, tokens) for s in states]
     return answers
 
 
-def _generator(seed: int, key: int | str, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(stable_seed(seed, key, "text"))
-    return gen
-
-
 def _answer_of(state: _State, tokens: SpecialTokens) -> TextAnswer:
-    raw = state.answer
-    if tokens.eoa in raw:
-        return TextAnswer(raw[:raw.index(tokens.eoa)], True, list(raw))
-    return TextAnswer(list(raw), False, list(raw))
+    raw, finished = state.answer, tokens.eoa in state.answer
+    return TextAnswer(raw[:raw.index(tokens.eoa)] if finished else list(raw), finished, list(raw))
 
 
 def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens, config: TextSamplingConfig,
@@ -93,8 +77,7 @@ def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens,
         else:
             _dummy_block(model, length, tokens, config, device)
         for s in active:
-            if tokens.eoa in s.answer[block_index * config.block_length:]:
-                s.done = True
+            s.done = tokens.eoa in s.answer[block_index * config.block_length:]
 
 
 def _decode_block(model: nn.Module, states: list[_State], block_index: int, length: int, tokens: SpecialTokens,
@@ -108,7 +91,7 @@ def _decode_block(model: nn.Module, states: list[_State], block_index: int, leng
         sequences.append(seq)
         block_rows.append(rows + offset)
         offset += len(seq)
-    batch = _pack(sequences, tokens).to(device)
+    batch = collate_pack(sequences, offset, tokens.pad, tokens.num_codebooks).to(device)
     rows = torch.stack(block_rows).to(device)  # [P, length] flat rows of each current block
     schedule = model_schedule(model).text_commits(length, config.steps)
     for step in range(config.steps):
@@ -147,8 +130,7 @@ def _choose_commits(masked: torch.Tensor, confidence: torch.Tensor, count: int,
     k = min(count, masked.shape[1])
     chosen = torch.zeros_like(masked)
     if k:
-        top = torch.topk(full, k, dim=1).indices
-        chosen.scatter_(1, top, True)
+        chosen.scatter_(1, torch.topk(full, k, dim=1).indices, True)
     if threshold is not None:
         above = full > threshold
         enough = above.sum(1, keepdim=True) >= k
@@ -156,20 +138,11 @@ def _choose_commits(masked: torch.Tensor, confidence: torch.Tensor, count: int,
     return (chosen & masked)[masked]
 
 
-def _pack(sequences: list[TrainingSequence], tokens: SpecialTokens):
-    total = sum(len(s) for s in sequences)
-    return collate_pack(sequences, total, tokens.pad, tokens.num_codebooks)
-
-
-def _dummy_sequence(tokens: SpecialTokens, length: int) -> tuple[TrainingSequence, torch.Tensor]:
-    piece = prompt_piece(Prompt([Text([])]), tokens)
-    return text_sequence(piece, [], torch.full((length,), tokens.text_mask, dtype=torch.long), 0, tokens, length)
-
-
 def _dummy_step(model: nn.Module, tokens: SpecialTokens, device: torch.device) -> None:
     """The forwards of one step on a one-row dummy answer, for a rank with nothing left to decode."""
-    seq, rows = _dummy_sequence(tokens, 1)
-    batch = _pack([seq], tokens).to(device)
+    piece = prompt_piece(Prompt([Text([])]), tokens)
+    seq, rows = text_sequence(piece, [], torch.full((1,), tokens.text_mask, dtype=torch.long), 0, tokens, 1)
+    batch = collate_pack([seq], len(seq), tokens.pad, tokens.num_codebooks).to(device)
     model.heads().text_logits(model.backbone(batch)[0, rows.to(device)])
 
 

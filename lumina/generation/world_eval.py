@@ -1,21 +1,18 @@
-"""Generation-based evaluation on the built-in world's held-out split: does the trained model work?
-
-Tasks and scores (each against its chance level):
-    understand  caption + vqa items: decoded answer == ground truth (exact match)
-    text_qa     text questions: exact match
-    t2i         decode the generated codes, `check_image` against the asked scene: fraction of {colour, shape,
-                size, position} right (`score`) and all four right (`exact`)
-    edit        the same against the edited scene, plus `changed`: the edited attribute shows the new value
-                (copying the source scores 0 there, and 0.75 on `score`)
-Under data parallelism every rank generates its share of items; the results are gathered to every rank.
+"""Generation-based evaluation on the built-in world's held-out split: does the trained model work? Scores,
+each against its chance level: understand (caption + vqa) and text_qa: exact match of the decoded answer; t2i:
+fraction of {colour, shape, size, position} the decoded image shows right (`score`) and all four right
+(`exact`); edit: the same against the edited scene, plus `changed` (the edited attribute shows the new value).
+Under data parallelism every rank generates its share of items; results are gathered to every rank.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from PIL import Image
 from torch import nn
 
 from lumina.data.tokenizers.image_rvq import RVQImageTokenizer
@@ -78,7 +75,6 @@ class WorldEvalResult:
 def build_eval_set(config: WorldEvalConfig, image_tokenizer: RVQImageTokenizer | None = None) -> WorldEvalSet:
     image_tokenizer = image_tokenizer or cached_world_image_tokenizer()
     items, prompts = {}, {}
-    tokens = text_tokenizer = None
     for task in EVAL_TASKS:
         world = build_world(config.split, config.num_items, config.seed, mix={task: 1.0},
                             image_tokenizer=image_tokenizer)
@@ -115,7 +111,7 @@ def _sharded(prompts: list[Prompt], run) -> list:
     if not distributed():
         return [r for _, r in local]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, [(i, _cpu(r)) for i, r in local])
+    dist.all_gather_object(gathered, [(i, r.cpu() if isinstance(r, torch.Tensor) else r) for i, r in local])
     out: list = [None] * len(prompts)
     for part in gathered:
         for i, r in part:
@@ -123,41 +119,27 @@ def _sharded(prompts: list[Prompt], run) -> list:
     return out
 
 
-def _cpu(value):
-    return value.cpu() if isinstance(value, torch.Tensor) else value
-
-
 def _decode_text(ids: list[int], tokenizer: WordTokenizer) -> str:
     """Words of the answer; an id outside the world vocabulary reads as <oov> (never a right answer)."""
-    words = []
-    for i in ids:
-        if not 0 <= i < tokenizer.vocab_size:
-            words.append("<oov>")
-        else:
-            words.extend(tokenizer.decode([i], skip_special_tokens=True).split())
-    return " ".join(words)
+    words = [tokenizer.decode([i], skip_special_tokens=True) if 0 <= i < tokenizer.vocab_size else "<oov>"
+             for i in ids]
+    return " ".join(" ".join(words).split())
 
 
-# ---- scoring ----
 def score(items: dict[str, list[WorldItem]], answers: dict[str, list]) -> dict[str, float]:
     m: dict[str, float] = {}
-    understand_hits, understand_chance = [], []
-    for task in ("caption", "vqa", "text_qa"):
-        hits = [float(a == item.answer) for a, item in zip(answers[task], items[task], strict=True)]
-        chance = [answer_chance(item) for item in items[task]]
-        m[f"{task}_acc"], m[f"chance/{task}_acc"] = _mean(hits), _mean(chance)
-        if task != "text_qa":
-            understand_hits += hits
-            understand_chance += chance
-    m["understand_acc"], m["chance/understand_acc"] = _mean(understand_hits), _mean(understand_chance)
+    groups = {"caption": ("caption",), "vqa": ("vqa",), "text_qa": ("text_qa",),
+              "understand": ("caption", "vqa")}
+    for name, tasks in groups.items():
+        pairs = [(a, item) for task in tasks for a, item in zip(answers[task], items[task], strict=True)]
+        m[f"{name}_acc"] = _mean([float(a == item.answer) for a, item in pairs])
+        m[f"chance/{name}_acc"] = _mean([answer_chance(item) for _, item in pairs])
     for task in ("t2i", "edit"):
-        found = answers[task]
-        targets = [item.target for item in items[task]]
-        m[f"{task}_score"] = _mean([_attribute_fraction(f, t) for f, t in zip(found, targets, strict=True)])
-        m[f"{task}_exact"] = _mean([float(_attribute_fraction(f, t) == 1.0) for f, t in zip(found, targets,
-                                                                                            strict=True)])
+        pairs = zip(answers[task], items[task], strict=True)
+        fractions = [_attribute_fraction(found, item.target) for found, item in pairs]
+        m[f"{task}_score"], m[f"{task}_exact"] = _mean(fractions), _mean([float(f == 1.0) for f in fractions])
         m[f"chance/{task}_score"] = _mean([1 / len(VALUES[a]) for a in ATTRIBUTES])
-        m[f"chance/{task}_exact"] = 1 / _product(len(VALUES[a]) for a in ATTRIBUTES)
+        m[f"chance/{task}_exact"] = 1 / math.prod(len(VALUES[a]) for a in ATTRIBUTES)
     changed = [_changed_attribute(item) for item in items["edit"]]
     m["edit_changed"] = _mean([float(f is not None and f[a] == getattr(item.target, a))
                                for f, a, item in zip(answers["edit"], changed, items["edit"], strict=True)])
@@ -169,7 +151,7 @@ def answer_chance(item: WorldItem) -> float:
     """Probability that a uniform guess over the answer's value set is right."""
     q = item.prompt
     if item.task == "caption":
-        return 1 / _product(len(VALUES[a]) for a in ATTRIBUTES)
+        return 1 / math.prod(len(VALUES[a]) for a in ATTRIBUTES)
     if item.task == "vqa":
         attribute = VQA_ATTRIBUTE.get(q)
         return 1 / len(VALUES[attribute]) if attribute else 1 / 2  # the rest are yes / no questions
@@ -186,23 +168,13 @@ def _changed_attribute(item: WorldItem) -> str:
 
 
 def _attribute_fraction(found: dict[str, str] | None, target: ObjectSpec) -> float:
-    if found is None:
-        return 0.0
-    return sum(found[a] == getattr(target, a) for a in ATTRIBUTES) / len(ATTRIBUTES)
+    return 0.0 if found is None else sum(found[a] == getattr(target, a) for a in ATTRIBUTES) / len(ATTRIBUTES)
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _product(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
-# ---- sample grid ----
 def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.Tensor]], count: int,
                 scale: int = 4) -> torch.Tensor | None:
     """[3, H, W] in [0, 1]: one row per sample, t2i rows (truth | generated), then edit rows (source | truth |
@@ -210,9 +182,8 @@ def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.
     rows = []
     for task in ("t2i", "edit"):
         for item, generated in list(zip(items.get(task, []), images.get(task, []), strict=True))[:count]:
-            cells = ([render(item.source)] if task == "edit" else [torch.full((3, 32, 32), -1.0)])
-            cells += [render(item.target), generated]
-            rows.append(cells)
+            first = render(item.source) if task == "edit" else torch.full((3, 32, 32), -1.0)
+            rows.append([first, render(item.target), generated])
     if not rows:
         return None
     gap = 2
@@ -228,7 +199,5 @@ def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.
 
 def save_png(image: torch.Tensor, path) -> None:
     """[3, H, W] in [0, 1] -> PNG file."""
-    from PIL import Image
-
     array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
     Image.fromarray(array).save(path)

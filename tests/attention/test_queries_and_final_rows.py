@@ -196,7 +196,7 @@ def test_a_rule_that_reports_nothing_final_and_user_rules_by_dotted_path():
     assert not spec.final_rows().any()
     allowed = spec.allowed(slice(None), slice(None))[0]
     valid = batch.token_valid[0]
-    same = spec.seg_id[0][:, None] == spec.seg_id[0][None, :]
+    same = spec.queries.seg_id[0][:, None] == spec.queries.seg_id[0][None, :]
     assert torch.equal(allowed, same & valid[:, None] & valid[None, :])
     assert set(RULES.names()) == {"full", "simple"} and RULES.is_official("full")
 

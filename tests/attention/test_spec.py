@@ -136,13 +136,13 @@ def test_unknown_backend_raises():
 def test_spec_facts():
     batch = random_pack(0, [5, 7], tail=2)
     spec = build_spec(batch)
-    assert spec.bounds == (0, 5, 12) and spec.lengths == (5, 7) and spec.seq_len == 14
-    assert spec.seg_id[0].tolist() == [0] * 5 + [1] * 7 + [2] * 2
-    assert type(spec.rule).__name__ == "FullRules" and spec.has_invalid  # attn_rule auto: block ids in use
+    assert spec.bounds == (0, 5, 12) and spec.seq_len == 14
+    assert spec.queries.seg_id[0].tolist() == [0] * 5 + [1] * 7 + [2] * 2
+    assert type(spec.rule).__name__ == "FullRules" and spec.num_invalid > 0  # auto: block ids in use
     batch.block_ids.fill_(-1)
     batch.token_valid[0, :12] = True
     spec = build_spec(batch)
-    assert type(spec.rule).__name__ == "SimpleRules" and spec.has_invalid  # the tail stays invalid
+    assert type(spec.rule).__name__ == "SimpleRules" and spec.num_invalid > 0  # the tail stays invalid
     assert type(build_spec(batch, rule="full").rule).__name__ == "FullRules"  # a named rule is kept
 
 
@@ -151,5 +151,5 @@ def test_segments_come_from_cu_seqlens_not_position_restarts():
     batch = pack([(1, 0, -1, C)] * 6, cu=[0, 6])
     batch.position_ids = torch.tensor([[0, 1, 2, 0, 1, 2]])
     spec = build_spec(batch, backend="segmented")
-    assert spec.bounds == (0, 6) and spec.seg_id.tolist() == [[0] * 6]
+    assert spec.bounds == (0, 6) and spec.queries.seg_id.tolist() == [[0] * 6]
     assert spec.allowed(slice(0, 6), slice(0, 6)).all()  # clean, one turn: every pair, across the restart

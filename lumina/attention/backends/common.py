@@ -20,13 +20,10 @@ def _delta(x: torch.Tensor) -> torch.Tensor:
 
 def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """What SDPA gives a fully masked row under the official finfo.min mask, in O(S hd^2) instead of O(S^2 hd).
-
-    Every score is absorbed by finfo.min, so the forward is the uniform mean of V over all S keys, while
-    autograd still differentiates the softmax at that uniform point: d out_i / d s_ij = (v_j - mean v) / S.
-    With s_ij = scale q_i.k_j this is linear in q and k, so
+    The forward is the mean of V over all S keys; autograd differentiates the softmax at that uniform point
+    (d out_i / d s_ij = (v_j - mean v) / S), linear in q and k with s_ij = scale q_i.k_j, so
         out_i = mean v + scale/S * (dq_i^T K^T (V - mean v) + q_i^T dK^T (V - mean v)),
-    where dq, dK are zero in value and identity in gradient.
-    q [B, nh, N, hd] (the masked rows), k/v [B, nkv, S, hd] -> [B, nh, N, hd].
+    dq, dK zero in value and identity in gradient. q [B, nh, N, hd] (the masked rows), k/v [B, nkv, S, hd].
     """
     groups = q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5 / k.shape[2]
@@ -39,10 +36,9 @@ def uniform_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def invalid_rows(spec: AttentionSpec) -> torch.Tensor:
-    """[N] int64 query positions with token_valid false (the spec is one pack), cached; N is known on the host, so
-    this does not sync."""
+    """[N] int64 query positions with token_valid false, cached (N is known on the host: no sync)."""
     return spec.cached("invalid_rows",
-                       lambda: torch.nonzero_static(~spec.valid[0], size=spec.num_invalid)[:, 0])
+                       lambda: torch.nonzero_static(~spec.queries.valid[0], size=spec.num_invalid)[:, 0])
 
 
 def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -50,7 +46,7 @@ def fill_masked_rows(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     """Replace the rows with token_valid false (exactly the fully masked rows: every valid token may attend
     itself under both rule sets) by `uniform_attention`, so every backend equals `sdpa_dense` at every row,
     forward and backward, and stays finite. out/q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] (all keys)."""
-    if not spec.has_invalid:
+    if spec.num_invalid == 0:
         return out
     rows = invalid_rows(spec)
     filled = uniform_attention(q.index_select(2, rows), k, v).to(out.dtype)

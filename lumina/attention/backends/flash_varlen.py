@@ -1,8 +1,7 @@
 """`flash_varlen`: flash-attn's varlen kernel over the packed segments (CUDA, fp16/bf16, flash-attn installed).
 
-Serves only packs whose rule allows every pair inside every segment (plain bidirectional segments, every
-packed token valid): the kernel takes no mask. Query segments may be shorter than key segments (separate
-cu_seqlens per side). Tail rows get the fully-masked-row convention.
+Serves only packs whose rule allows every pair inside every segment (the kernel takes no mask); query segments
+may be shorter than key segments. Tail rows get the fully-masked-row convention.
 """
 
 from __future__ import annotations

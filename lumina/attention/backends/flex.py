@@ -1,17 +1,16 @@
-"""`flex`: torch flex_attention with a BlockMask built from the spec.
-
-Mask memory is O(S) per-token vectors plus the [S/128, S/128] block table; fully masked blocks are skipped.
-The table is built segment by segment (peak temporary sum of block-aligned Lq_i * Lk_i bools, never Lq * Lk),
-and the `mask_mod` reads the per-token vectors through the spec's rule, as every other backend. flex_attention
-is compiled once per process (`dynamic=False`: one compile per shape family, not per step). In torch 2.13
-flex has no backward on CPU, so on CPU it serves only calls without gradients.
+"""`flex`: torch flex_attention with a BlockMask built from the spec. Mask memory is O(S) per-token vectors
+plus the [S/128, S/128] block table (built segment by segment, never Lq * Lk); fully masked blocks are
+skipped. flex_attention is compiled once per process (`dynamic=False`). In torch 2.13 flex has no backward on
+CPU, so on CPU it serves only calls without gradients.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from lumina.attention.backend import Backend, Pairs, register_backend
 from lumina.attention.backends.common import fill_masked_rows
@@ -20,20 +19,11 @@ from lumina.attention.spec import AttentionSpec, Side
 
 BLOCK = 128
 
-try:
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-except ImportError:  # pragma: no cover - torch without flex attention
-    BlockMask = flex_attention = None
 
-_compiled = None
-
-
+@functools.cache
 def compiled_flex():
     """The process-wide compiled flex_attention (created on first use)."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(flex_attention, dynamic=False)
-    return _compiled
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _padded(t: torch.Tensor, size: int, fill: int | bool) -> torch.Tensor:
@@ -43,7 +33,7 @@ def _padded(t: torch.Tensor, size: int, fill: int | bool) -> torch.Tensor:
 
 def block_table(spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """[nbq, nbk] bools: some pair allowed (any) / every pair allowed (all), from per-segment windows."""
-    q_len, k_len, device = spec.seq_len, spec.key_len, spec.valid.device
+    q_len, k_len, device = spec.seq_len, spec.key_len, spec.queries.valid.device
     any_allowed = torch.zeros(math.ceil(q_len / BLOCK), math.ceil(k_len / BLOCK), dtype=torch.bool, device=device)
     all_allowed = torch.zeros_like(any_allowed)
     q_bounds, k_bounds = spec.queries.bounds, spec.keys.bounds
@@ -92,8 +82,7 @@ def build_block_mask(spec: AttentionSpec) -> BlockMask:
 
 @register_backend
 class Flex(Backend):
-    """CPU (without gradients) and CUDA; computes only the allowed pairs' blocks. `auto` picks it on CUDA when
-    flash-attn did not import."""
+    """CPU (without gradients) and CUDA; computes only the allowed pairs' blocks."""
 
     name = "flex"
     pairs = Pairs.ALLOWED
@@ -106,8 +95,6 @@ class Flex(Backend):
 
     @staticmethod
     def unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> str | None:
-        if flex_attention is None:
-            return f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
         if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             return (f"flex_attention has no backward on CPU in torch {torch.__version__}; "
                     "train with 'segmented' on CPU or use flex on CUDA")
@@ -115,7 +102,6 @@ class Flex(Backend):
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
-        """q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] -> [B, nh, Lq, hd]."""
         block_mask = spec.cached("flex", lambda: build_block_mask(spec))
         out = compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
         return fill_masked_rows(out, q, k, v, spec)

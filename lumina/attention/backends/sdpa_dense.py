@@ -25,11 +25,8 @@ class SdpaDense(Backend):
 
     @staticmethod
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
-        """q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] -> [B, nh, Lq, hd].
-
-        Fully masked rows average all keys (official). Their SDPA rows are replaced by `fill_masked_rows`,
-        which gives the same values: torch's CPU SDPA backward is wrong for fully masked finfo.min rows (it
-        disagrees with the math kernel), and the replacement keeps gradients exact."""
+        """q [B, nh, Lq, hd], k/v [B, nkv, Lk, hd] -> [B, nh, Lq, hd]. Fully masked rows go through
+        `fill_masked_rows` (same values): torch's CPU SDPA backward is wrong for them."""
         mask = dense_mask(spec, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
         return fill_masked_rows(out, q, k, v, spec)

@@ -1,11 +1,6 @@
-"""`segmented`: SDPA per packed segment; adjacent segments of equal lengths share one call.
-
-FLOPs and mask memory go from Lq * Lk to sum(Lq_i * Lk_i). The pack is split (views) into runs: a run is one
-segment, or several adjacent segments of equal (query, key) lengths, which become the batch dim of one SDPA
-call. Working in the token-major layout [B, S, h, hd] (what q.transpose(1, 2) of a fused-QKV projection
-already is) makes every split a view; the outputs are joined with one cat, and the backward is one cat per
-input. Runs whose rule slice allows every pair (plain bidirectional) run without a mask. Masks are built on
-the first call and cached on the spec per dtype; build_spec already decided which runs are plain.
+"""`segmented`: SDPA per packed segment: FLOPs and mask memory go from Lq * Lk to sum(Lq_i * Lk_i). A run of
+adjacent segments of equal (query, key) lengths becomes the batch dim of one SDPA call; in the token-major
+layout [B, S, h, hd] every split is a view. Plain runs (the rule allows every pair) run without a mask.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The block-diffusion attention rule as a part: the `AttentionRule` protocol, the `RULES` registry, and the
-dense reference `allowed_mask`.
-
-A rule says which (query, key) pairs of one sequence may attend (`allow`, element-wise on broadcastable
-per-row metadata `Rows`, so one statement serves the dense mask, per-segment slices and flex-attention's
-`mask_mod`), and which rows it makes final (`final_rows`). Segments and token validity are applied around
-every rule by the attention spec. The official model's rule sets (contract 4.3) are `full` (R1-R8) and
-`simple` (S1-S3); `attn_rule: auto`, the default, is the official choice per pack: the full rules when any
-block id is >= 0, else the simple rules. A rule of the user's own is named by its dotted path.
+dense reference `allowed_mask`. Segments and token validity are applied around every rule by the attention
+spec. The official rule sets (contract 4.3) are `full` (R1-R8) and `simple` (S1-S3); `attn_rule: auto`, the
+default, is the official choice per pack: full when any block id is >= 0, else simple. A rule of the user's
+own is named by its dotted path.
 """
 
 from __future__ import annotations
@@ -36,16 +32,13 @@ class Rows(NamedTuple):
 
 class AttentionRule:
     """Protocol of an attention rule (stateless; one instance per class is shared).
-
-    `allow(q, k)` -> bool, broadcast of q's and k's shapes: query q may attend key k (same sequence).
-
-    `final_rows(rows, segment)` -> bool [S]: the rows whose keys and values, at every layer, never change
-    once written while the sequence is decoded, so a key/value cache may hold them. rows: `Rows` of [S]
-    (one pack), segment [S] its segment ids. Decoding, as the samplers do it: the tokens of noisy answer
-    rows (type 3 or 4, is_clean false) change; later rows are appended only as text answer rows (type 3) of
-    a segment's last turn, in blocks after every block present, or as later turns. A row is final when it is
-    not a noisy answer row, attends only final rows, and attends no row that may be appended. The default
-    reports no final row (a cache then runs the full forward).
+    `allow(q, k)` -> bool, broadcast of q's and k's shapes: query q may attend key k (same sequence). It is
+    element-wise, so one statement serves the dense mask, per-segment slices and flex's `mask_mod`.
+    `final_rows(rows, segment)` -> bool [S] (rows: `Rows` of [S], segment [S] ids): the rows whose keys and
+    values never change while the samplers decode, so a key/value cache may hold them. Noisy answer rows
+    (type 3 or 4, not clean) change; rows are appended only as text answers of a segment's last turn (in
+    later blocks) or as later turns. A row is final when it is not a noisy answer row, attends only final
+    rows, and attends no row that may be appended. The default reports none (a cache runs the full forward).
     """
 
     def allow(self, q: Rows, k: Rows) -> torch.Tensor:
@@ -59,8 +52,7 @@ _INSTANCES: dict[type, AttentionRule] = {}
 
 
 def rule_named(name: str, field: str = "attn_rule") -> AttentionRule:
-    """The (shared) instance of the rule registered as `name` or at a dotted path; ValueError naming `field`.
-    "auto" is not a rule: see `resolve_rule`."""
+    """The shared instance of the rule named `name` (or at a dotted path); ValueError naming `field`."""
     cls = RULES.get(name, field)
     if not (isinstance(cls, type) and issubclass(cls, AttentionRule)):
         raise ValueError(f"{field}={name!r}: {cls!r} is not a lumina.attention.rules.AttentionRule subclass")
@@ -141,12 +133,9 @@ def allowed_mask(
 ) -> torch.Tensor:
     """Reference rule as a dense [B, S, S] bool tensor, True where query (dim 1) may attend key (dim 2).
 
-    allowed = same segment & valid(q) & valid(k) & (rules, when turn_ids or is_clean is given; a missing one
-    is all zeros). The full rules apply when block_ids has any value >= 0, else the simple rules (the official
-selection, `attn_rule: auto`). A missing
-    type_ids is all 1 (the official default). Positions at or after cu_seqlens[-1] (tail padding) take the
-    last segment's id, as in the official mask: with token_valid false there (the only tail `build_spec`
-    accepts) they attend nothing and nothing attends them. O(S^2) memory: for tests and reference use.
+    allowed = same segment & valid(q) & valid(k) & (the `auto` rule, when turn_ids or is_clean is given; a
+    missing one is all zeros, a missing type_ids all 1). Tail positions (>= cu_seqlens[-1]) join the last
+    segment, as in the official mask. O(S^2) memory: for tests and reference use.
     """
     token_valid = _as_flag("token_valid", token_valid.unsqueeze(0) if token_valid.dim() == 1 else token_valid)
     if token_valid.dim() != 2:
