@@ -1,6 +1,5 @@
 """`check_trainer_fields`: the `trainer` group's values checked before `lightning.Trainer` sees them, so a bad
-override (`trainer.max_steps=abc`) is one `ConfigError` naming the field and the value, not a traceback from
-inside Lightning. Fields without a rule here pass through; `build.trainer` reports what Lightning refuses."""
+override is one `ConfigError` naming the field and the value. Fields without a rule pass through."""
 
 from __future__ import annotations
 
