@@ -24,12 +24,10 @@ class ParallelConfig:
     ep:         expert-parallel size (divides `shard` and num_experts); the experts of a layer are split over
                 the ep ranks and further FSDP-sharded over the remaining shard // ep ("expert fsdp") ranks.
     sp:         sequence-parallel size (divides the world and num_attention_heads): `sp` consecutive ranks share
-                one pack, each holding S/sp of its rows (Ulysses all-to-all around attention); the data-
-                parallel size is world // sp.
+                one pack, each holding S/sp of its rows; the data-parallel size is world // sp.
     param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = keep fp32 compute). When set,
                 the trainer must run "32-true" precision (no Lightning autocast on top).
-    participation_check: before backward, ranks compare which conditional modules joined the graph and
-                raise naming the modules and ranks on a mismatch.
+    participation_check: before backward, raise when ranks disagree on which conditional modules ran.
     timeout_s:  process-group timeout: a dead or diverged rank ends the job with an error after this long.
     """
 

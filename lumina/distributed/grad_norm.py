@@ -1,8 +1,8 @@
 """Gradient norm and clipping across meshes: dense gradients live on the dense mesh, expert gradients on the
 sparse mesh, so `torch.nn.utils.clip_grad_norm_` (which stacks per-tensor norms) cannot combine them.
 
-Per (mesh, placements) group the squared local shards are summed and reduced once over the mesh dims that
-are not Replicate (replicated dims are not double counted); the groups' sums plus any plain tensors' give the norm."""
+Per (mesh, placements) group the squared local shards are summed and reduced once over the non-Replicate
+mesh dims."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """HF checkpoints and a sharded model: load straight into the local shards, export consolidated weights.
 
-`load_hf_sharded` reads, for every state-dict key, only the slice this rank holds (safetensors slicing; for
-a fused expert tensor stored split, only the split tensors of the local experts), so a meta-initialised,
-sharded model never holds a full copy. `export_hf` gathers the full state dict (a collective: every rank
-calls it) and rank 0 writes the official split layout with `lumina.checkpoint.save_pretrained`.
+`load_hf_sharded` reads only the slice of each tensor this rank holds, so a sharded model never holds a full
+copy. `export_hf` gathers the full state dict (a collective) and rank 0 writes it with `save_pretrained`.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
 
 @torch.no_grad()
 def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
-    """Fill every persistent parameter/buffer of a (sharded or plain) model from HF directory `path`
-    (split, fused or mixed layout); values are cast to each tensor's dtype. Key/shape problems raise
-    CheckpointMismatchError before anything is read."""
+    """Fill every persistent tensor of a (sharded or plain) model from HF directory `path` (any expert
+    layout), cast to each tensor's dtype. Key/shape problems raise CheckpointMismatchError before any read."""
     checkpoint = HFCheckpoint(path)
     state = model.state_dict()
     expected = {key: tuple(t.shape) for key, t in state.items()}

@@ -1,11 +1,8 @@
 """Launching lumina-train as one rank of a distributed job (torchrun, SLURM srun, submitit).
 
-`rank_overrides` is applied by the CLI before Hydra starts: in a multi-process job every rank must be told
-the same `hydra.run.dir` (Hydra's default contains the launch time, which differs between ranks), Hydra
-multirun is refused (sweeps of distributed jobs go through the submitit launcher, one job per point), and
-only rank 0 writes Hydra's run artefacts (`.hydra/` and the job log). `cluster_environment` resolves the
-submitit / Lightning clash over SLURM preemption: under submitit, submitit handles the signal and requeues
-(the run resumes from `ckpt_path=last` in the same run directory), so Lightning's own auto-requeue is off.
+`rank_overrides` (applied before Hydra starts) requires a pinned `hydra.run.dir` in a multi-process job,
+refuses multirun (sweep with the submitit launcher instead) and lets only rank 0 write Hydra's artefacts.
+`cluster_environment`: under submitit, submitit handles SLURM preemption and requeues, so Lightning's is off.
 """
 
 from __future__ import annotations

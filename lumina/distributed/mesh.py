@@ -36,10 +36,8 @@ _SEQUENCE_CACHE: dict[tuple, DeviceMesh] = {}
 
 
 def build_meshes(sizes: ResolvedSizes, device_type: str) -> Meshes:
-    """Create the meshes (a collective: every rank must call it with the same sizes). Dense and sparse meshes
-    are cached per (their sizes, device type) and process group, the sequence mesh per (dp, sp): DTensor
-    canonicalises equal meshes, and FSDP2 requires a parameter's mesh to be the very object it shards over,
-    whatever the sequence-parallel size."""
+    """Create the meshes (a collective). They are cached per sizes and process group: FSDP2 requires a
+    parameter's mesh to be the very object it shards over."""
     key = (sizes.replicate, sizes.shard, sizes.expert_fsdp, sizes.ep, device_type)
     if not (key in _CACHE and _CACHE[key].dense.get_group("shard") is not None and _alive(_CACHE[key])):
         dense = init_device_mesh(device_type, (sizes.replicate, sizes.shard), mesh_dim_names=DENSE_DIMS)

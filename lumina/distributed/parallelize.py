@@ -1,13 +1,11 @@
 """`parallelize`: apply the expert-parallel plan and FSDP2 to a `LuminaModel`, unit by unit.
 
-Units, in the model's `modules()` order (embedding tables, each decoder layer with its MoE experts first as
-their own FSDP group on the sparse mesh, the heads), then the root. A unit still on the meta device is
-materialised and initialised (`reset_parameters`) just before it is sharded, so peak memory stays near one
-unsharded unit, and the random draws come in the order of a one-device `LuminaModel(config)`: the same seed
-gives the same initial weights under any layout. With sequence parallelism, each layer's attention core
-becomes a `UlyssesAttention` over the sequence-parallel group. Gradients are summed over ranks and divided by the world size in every group (the
-objective scales each rank's loss by world / N_global), so expert gradients, which already sum the tokens of
-every ep rank through the all-to-all, get the same global-token normalisation as the dense ones.
+Units, in `modules()` order: embedding tables, each decoder layer (its MoE experts first, as their own group
+on the sparse mesh), the heads, then the root. A unit on meta is materialised and initialised just before it
+is sharded, so peak memory stays near one unsharded unit and the same seed gives the same weights under any
+layout. With sequence parallelism each attention core becomes a `UlyssesAttention`. Every group sums
+gradients and divides by the world size (the objective scales each rank's loss by world / N_global), so
+expert gradients, already summed over ep ranks by the all-to-all, are normalised like the dense ones.
 """
 
 from __future__ import annotations
@@ -20,12 +18,13 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import DataParallelMeshDims
 
+from lumina.checkpoint.keys import EXPERT_PROJS
 from lumina.distributed.config import ParallelConfig
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.mesh import Meshes
 from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
 from lumina.distributed.sequence import UlyssesAttention
-from lumina.distributed.sharded_experts import PROJECTIONS, shard_experts
+from lumina.distributed.sharded_experts import shard_experts
 from lumina.model.dtypes import float_dtype
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
@@ -69,8 +68,7 @@ def _shard(units: nn.Module | list[nn.Module], mesh, mp: MixedPrecisionPolicy, d
 
 
 def check_supported(placements: dict[str, PlanRule], experts: Sequence[str]) -> None:
-    """This implementation places expert tensors on the `ep` mesh dim only; anything else would be ignored,
-    so it raises instead."""
+    """Raise PlanError for a placement other than expert tensors on the `ep` mesh dim (else ignored)."""
     expert_set = set(experts)
     others = [n for n in placements if n not in expert_set]
     if others:
@@ -114,7 +112,7 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
         if isinstance(layer.mlp, MoE):
             moe = layer.mlp
             prefix = f"model.layers.{i}.mlp.experts."
-            dims = {p: placements[prefix + p].dim for p in PROJECTIONS}
+            dims = {p: placements[prefix + p].dim for p in EXPERT_PROJS}
             sharded = shard_experts(moe.experts, meshes.sparse, "ep", dims)
             if meshes.sizes.ep > 1:
                 moe.dispatcher = AllToAllDispatcher(ep_group, moe.num_experts)

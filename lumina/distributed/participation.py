@@ -1,10 +1,9 @@
 """Hang proofing: which conditional modules joined this rank's autograd graph, compared across ranks.
 
-FSDP2 reduce-scatters a module's gradients in backward only on the ranks whose graph contains that module;
-a rank whose batch lacked a modality and skipped the module's backward leaves the others waiting in a
-collective that names nothing. `ParticipationTracker` records, per forward, the conditional modules whose
-output requires grad; `check` (before backward) all-gathers the records and, on a mismatch, raises the
-same `ParticipationError` on every rank, naming the modules and the ranks that did and did not take part.
+FSDP2 reduce-scatters a module's gradients only on ranks whose graph contains it, so a rank whose batch
+skipped a modality leaves the others hanging. `ParticipationTracker` records per forward the conditional
+modules whose output requires grad; `check` (before backward) compares the records across ranks and raises
+the same `ParticipationError` on every rank, naming the modules and ranks.
 """
 
 from __future__ import annotations

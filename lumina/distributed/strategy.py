@@ -1,13 +1,10 @@
 """`FSDP2ExpertParallelStrategy`: Lightning's `ModelParallelStrategy` with lumina's meshes, parallel plan,
 expert-parallel dispatcher, FSDP2 units, mesh-aware gradient clipping and hang proofing.
 
-Flow: `setup_environment` starts the process group (with `timeout_s`) and builds both meshes; the
-LightningModule's `configure_model` builds the model (on meta when `materialises_model`); `setup` then
-checks the plan, turns activation checkpointing on (the backbone replays the routers' top-k itself), shards
-unit by unit (materialising meta units as it goes), loads `init_from` straight into the shards, installs the
-participation check, and hands over to Lightning (optimizers, DCP checkpointing). The DataModule deals packs
-over the data-parallel ranks (`distributed_sampler_kwargs`); with sequence parallelism the `sp` ranks of a
-group receive the same pack and `batch_to_device` keeps each rank's window of its rows.
+`setup_environment` starts the process group and builds the meshes; `configure_model` may build the model on
+meta; `setup` shards it unit by unit (`parallelize`), loads `init_from` into the shards and installs the
+participation check before Lightning takes over (optimizers, DCP checkpoints). With sequence parallelism the
+`sp` ranks of a group receive the same pack and `batch_to_device` keeps each rank's window of its rows.
 """
 
 from __future__ import annotations
@@ -49,8 +46,8 @@ class MeshAwarePrecision(Precision):
 
 
 class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
-    """parallel: a ParallelConfig or its fields as a mapping (Hydra); plan: rules (None = the official
-    expert plan); save_distributed_checkpoint: DCP directory checkpoints (True) or one consolidated file."""
+    """parallel: a ParallelConfig or its fields (Hydra); plan: rules (None = the official expert plan);
+    save_distributed_checkpoint: DCP directory checkpoints (True) or one consolidated file."""
 
     strategy_name = "fsdp2_ep"
 
@@ -91,8 +88,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
 
     @property
     def dp_process_group(self) -> dist.ProcessGroup | None:
-        """The ranks whose gradients are averaged and whose token counts make the global normalisation: the
-        default (world) group. Sequence-parallel ranks hold disjoint rows, so world sums count each once."""
+        """The group of the global token normalisation: the world (sp ranks hold disjoint rows)."""
         return None
 
     @property
@@ -160,8 +156,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
 
     # ---- checkpoints ----
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """DCP resume; the metadata file is unpickled in full unless the caller asks for weights_only (lumina's
-        RNG record in it is described at `lumina.training.module.rng_state`)."""
+        """DCP resume; the metadata file (with lumina's RNG record) is unpickled unless weights_only."""
         return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
 
     # ---- export ----

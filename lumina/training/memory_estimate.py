@@ -6,9 +6,9 @@ without building anything (`lumina-train estimate_memory=true [memory_budget_gib
 
 Parts (bytes per rank):
     parameters        counted on the model built on the meta device
-    gradients         one per trainable parameter (`mark_trainable`: the `model.freeze` globs), parameter dtype
+    gradients         one per trainable parameter (`mark_trainable`: `model.freeze`), parameter dtype
     optimizer_states  AdamW: exp_avg and exp_avg_sq per trainable parameter, parameter dtype
-    activations       what autograd keeps for backward, counted tensor by tensor under the checkpointing policy,
+    activations       what autograd keeps for backward, tensor by tensor under the checkpointing policy,
                       plus what one recompute rebuilds
     head_losses       the fused chunked head losses' input-gradient buffers, inputs and one fp32 logits chunk,
                       plus the heads' weight gradients formed in forward (`head_weight_gradient_bytes`)
@@ -18,10 +18,10 @@ Parts (bytes per rank):
            optimizer_step), every gradient counted as live at the activation peak (an upper bound)
     step_rise = gradients + activations + head_losses (what experiments/bench/step_memory.py measures)
 
-Policies (`LuminaConfig.gradient_checkpointing`): none keeps every layer's activations; full keeps each layer's
-input [S, H] and its routing tape (top-k ids); selective keeps the attention blocks and each FFN sub-block's
-input and tape. Under full / selective one recomputed unit holds its activations and about as many bytes of
-their gradients ("recompute" counts it twice), and the channel head is checkpointed in chunks of
+Policies (`LuminaConfig.gradient_checkpointing`): none keeps every layer's activations; full keeps each
+layer's input [S, H] and its routing tape (top-k ids); selective keeps the attention blocks and each FFN
+sub-block's input and tape. Under full / selective one recomputed unit holds its activations and about as many
+bytes of their gradients ("recompute" counts it twice), and the channel head is checkpointed in chunks of
 `CHANNEL_CHECKPOINT_ROWS` rows.
 
 Calibration (2-core CPU, fp32, estimate / measured step rise in MiB, small memory-benchmark config, t2i +
@@ -62,7 +62,7 @@ def _positive_int(name: str, value: object) -> int:
 
 @dataclass(frozen=True)
 class Precision:
-    """Bytes per element: parameters (and gradients, AdamW states), activations, FSDP's unsharded parameters."""
+    """Bytes per element: parameters (gradients, AdamW states), activations, FSDP's unsharded parameters."""
 
     param_bytes: int = FP32
     activation_bytes: int = FP32

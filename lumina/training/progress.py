@@ -1,5 +1,5 @@
-"""`StepProgressBar`: the rich progress bar counted in optimizer steps out of `trainer.max_steps` ("step 37/120",
-across epochs and resumes) instead of batches per epoch; with max_steps unset it is Lightning's bar."""
+"""`StepProgressBar`: the rich progress bar counted in optimizer steps out of `trainer.max_steps`
+("step 37/120", across epochs and resumes) instead of batches per epoch; without max_steps, Lightning's."""
 
 from __future__ import annotations
 
