@@ -23,8 +23,6 @@ EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 LAYOUTS = ("split", "fused")
 MODEL_TYPE_OF_LAYOUT = {"split": "llada2_moe", "fused": "llada2_moe_veomni"}
 
-# Persistent buffers kept in a fixed dtype are declared by their parts: a router's `BUFFER_DTYPES` (the official
-# sigmoid router's fp32 expert_bias) and an image head's `buffer_dtypes` (the channel head's bf16 mask).
 _GATE_BUFFER_RE = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.(\w+)$")
 _SPLIT_RE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_RE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_proj|up_proj|down_proj)$")

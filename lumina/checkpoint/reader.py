@@ -1,8 +1,5 @@
-"""`HFCheckpoint`: the tensor headers of an HF checkpoint directory, read without loading any weights.
-
-A directory holds `config.json` and either one `model.safetensors` or shards listed by
-`model.safetensors.index.json` (`weight_map`: key -> shard file name).
-"""
+"""`HFCheckpoint`: the tensor headers of an HF checkpoint directory (`config.json` and one `model.safetensors`
+or shards listed by `model.safetensors.index.json`), read without loading any weights."""
 
 from __future__ import annotations
 

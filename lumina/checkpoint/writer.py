@@ -1,13 +1,10 @@
-"""Write an export plan as sharded safetensors + `model.safetensors.index.json`.
-
-A plan is a list of `PlannedTensor` (name, shape, dtype, and a function that produces the tensor). Shards are
-assigned from shapes alone, so file names (`model-00001-of-0000N.safetensors`) are final when written, and
-only one shard's tensors are in memory at a time.
-"""
+"""Write an export plan (`PlannedTensor`s) as sharded safetensors + `model.safetensors.index.json`. Shards
+are assigned from shapes alone, so only one shard's tensors are in memory at a time."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -42,10 +39,7 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def parse_size(size: int | str) -> int:
@@ -73,10 +67,8 @@ def export_dtype(model_key: str, source: torch.dtype, dtype: torch.dtype | None)
 def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
                 fetch: Callable[[str, int | None], torch.Tensor], layout: str,
                 dtype: torch.dtype | None) -> list[PlannedTensor]:
-    """Plan the export of fused-layout model tensors `entries` (key, shape, dtype) in `layout`.
-
-    `fetch(key, None)` returns the whole tensor, `fetch(key, e)` slice e of a fused expert tensor. In the
-    split layout each layer's experts are written expert-major (expert 0 gate/up/down, expert 1, ...)."""
+    """Plan fused-layout tensors `entries` (key, shape, dtype) for `layout` (split: expert-major order).
+    `fetch(key, None)` returns the whole tensor, `fetch(key, e)` slice e of a fused expert tensor."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     entries = list(entries)
@@ -137,9 +129,8 @@ def prepare_directory(directory: str | Path, overwrite: bool) -> Path:
 
 def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_size: int | str,
                  after_shard: Callable[[], None] | None = None) -> dict:
-    """Write `plan` as `model-0000i-of-0000N.safetensors` + index into an existing directory; returns the
-    index dict. Every tensor is checked against its planned shape. `after_shard()` runs after each shard
-    is written (e.g. to release source files)."""
+    """Write `plan` as `model-0000i-of-0000N.safetensors` + index into `directory`; returns the index.
+    `after_shard()` runs after each shard is written (e.g. to release source files)."""
     directory = Path(directory)
     if not plan:
         raise ValueError("export plan is empty: nothing to write")

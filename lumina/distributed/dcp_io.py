@@ -1,7 +1,5 @@
-"""Read the weights of a Lightning distributed (DCP) checkpoint into a plain, unsharded model.
-
-The checkpoint stores global tensors (experts as [E, ...] DTensors), so any layout can read it: another
-EP / FSDP size through the strategy's own resume, or one process here (no process group needed)."""
+"""Read the weights of a Lightning distributed (DCP) checkpoint, which stores global tensors, into a plain,
+unsharded model in one process."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The device meshes: dense (replicate x shard), sparse (replicate x expert_fsdp x ep, ep innermost) and, with
 sequence parallelism, sequence (dp x sp, sp innermost).
 
-All span the same ranks in the same order; rank r sits at dense coordinate (r // S, r % S) and sparse
-coordinate (r // S, (r % S) // ep, r % ep), so an expert-parallel group is `ep` consecutive ranks inside
-one dense shard group; a sequence-parallel group is `sp` consecutive ranks (data-parallel rank r // sp)."""
+An expert-parallel group is `ep` consecutive ranks inside one dense shard group; a sequence-parallel group
+is `sp` consecutive ranks (data-parallel rank r // sp)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """`GenerationEvalCallback`: every N optimizer steps and at the end of training, generate on the built-in
-world's held-out split and log what the model can do (understanding / text QA accuracy, text-to-image and
-editing correctness, each with its chance level) plus a sample grid image.
-
-Every rank runs the evaluation (its share of the items; the samplers keep FSDP2 / expert-parallel ranks in
-lockstep); rank 0 writes `<dirpath>/step<N>.png` and `<dirpath>/step<N>.json` and logs to every logger.
-"""
+world's held-out split (`evaluate_world`, on every rank) and log the scores and a sample grid; rank 0 writes
+`<dirpath>/step<N>.png` and `.json`."""
 
 from __future__ import annotations
 

@@ -295,12 +295,9 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
                          attn_backend: str | None = None, freeze: Sequence[str] = ()) -> MemoryEstimate:
     """The memory of one step of `config` on packs of `seq_len` tokens (B = 1) on one rank.
 
-    policy: checkpointing policy (None = config.gradient_checkpointing); rows: what a pack holds (None =
-    `PackRows.assume(seq_len)`); optimizer: "adamw" (2 states per parameter) or "sgd" (none); shard: FSDP
-    shard size (parameters, gradients and states are divided by it; experts are split over ep and sharded
-    over shard // ep); attn_backend: None = config.attn_backend ("auto" resolved on this machine); freeze:
-    `model.freeze` globs (their parameters get no gradient and no optimizer state; ConfigError for a glob
-    matching nothing)."""
+    policy: None = config.gradient_checkpointing; rows: None = `PackRows.assume(seq_len)`; optimizer: "adamw"
+    or "sgd"; shard: FSDP shard size (experts split over ep, sharded over shard // ep); attn_backend: None =
+    config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state)."""
     from lumina.attention import resolve_backend
 
     _positive_int("seq_len", seq_len)

@@ -87,8 +87,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
     """Whether torch's fused AdamW kernel takes these parameters: plain (not DTensor) floating tensors, all on
-    CPU or all on CUDA. On CPU it is several times faster than the per-tensor loop torch picks by default
-    (experiments/bench/train_step.py)."""
+    CPU or all on CUDA (experiments/bench/train_step.py: several times faster on CPU)."""
     device_types = {p.device.type for p in params}
     return (len(device_types) == 1 and device_types <= {"cpu", "cuda"}
             and all(p.is_floating_point() and not isinstance(p, DTensor) for p in params))
