@@ -11,7 +11,6 @@ expert gradients, already summed over ep ranks by the all-to-all, are normalised
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -28,16 +27,6 @@ from lumina.distributed.sharded_experts import shard_experts
 from lumina.model.dtypes import float_dtype
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
-
-
-@dataclass
-class Parallelized:
-    """What `parallelize` did: the resolved plan and the FSDP units (dense and expert groups)."""
-
-    placements: dict[str, PlanRule]
-    dense_units: list[nn.Module] = field(default_factory=list)
-    expert_units: list[GroupedExperts] = field(default_factory=list)
-    dispatchers: list[object] = field(default_factory=list)
 
 
 def mixed_precision(config: ParallelConfig) -> MixedPrecisionPolicy:
@@ -79,7 +68,7 @@ def check_supported(placements: dict[str, PlanRule], experts: Sequence[str]) -> 
 
 
 def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules: Sequence[PlanRule],
-                device: torch.device) -> Parallelized:
+                device: torch.device) -> None:
     """Shard `model` (a LuminaModel, materialised or on meta) in place. Raises PlanError when the plan does
     not fit the model (before anything is changed)."""
     names = [n for n, _ in model.named_parameters()]
@@ -91,7 +80,6 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
                                   layer.attention.num_kv_heads) for layer in model.model.layers]
         for layer, core in zip(model.model.layers, cores, strict=True):
             layer.attention.core = core
-    result = Parallelized(placements)
     mp = mixed_precision(config)
     world = meshes.sizes.world_size
     ep_group = meshes.sparse.get_group("ep")
@@ -106,7 +94,6 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
         if id(unit) not in layers:  # a conditional module: embedding table(s) or head(s)
             members = list(unit) if isinstance(unit, nn.ModuleList) else unit
             _shard(members, meshes.dense, mp, world, meshes.sizes.shard)
-            result.dense_units.append(unit)
             continue
         i, layer = layers[id(unit)]
         if isinstance(layer.mlp, MoE):
@@ -116,12 +103,7 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
             sharded = shard_experts(moe.experts, meshes.sparse, "ep", dims)
             if meshes.sizes.ep > 1:
                 moe.dispatcher = AllToAllDispatcher(ep_group, moe.num_experts)
-                result.dispatchers.append(moe.dispatcher)
             _shard(sharded, meshes.sparse, mp, world, meshes.sizes.expert_fsdp, dp_mesh_dims=expert_dims)
-            result.expert_units.append(sharded)
         _shard(layer, meshes.dense, mp, world, meshes.sizes.shard)
-        result.dense_units.append(layer)
     materialise(model, device)
     _shard(model, meshes.dense, mp, world, meshes.sizes.shard)
-    result.dense_units.append(model)
-    return result

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 
 class ParticipationError(RuntimeError):
@@ -49,9 +48,9 @@ class ParticipationTracker:
         self.names = list(modules)
         self.joined: set[str] = set()
         self.checks = 0
-        self.handles: list[RemovableHandle] = [root.register_forward_pre_hook(self._reset)]
+        root.register_forward_pre_hook(self._reset)
         for name, module in modules.items():
-            self.handles.append(module.register_forward_hook(self._recorder(name)))
+            module.register_forward_hook(self._recorder(name))
 
     def _reset(self, module: nn.Module, args: object) -> None:
         if not in_backward():
@@ -82,7 +81,3 @@ class ParticipationTracker:
             parts.append(f"{self.names[m]} (joined backward on ranks {took}, absent on ranks {skipped})")
         raise ParticipationError("conditional modules disagree across ranks before backward; FSDP would wait in "
                                  "a collective that never completes: " + "; ".join(parts))
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()

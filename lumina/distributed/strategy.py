@@ -29,7 +29,7 @@ from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import full_state_dict, load_hf_sharded
 from lumina.distributed.launch import cluster_environment
 from lumina.distributed.mesh import Meshes, build_meshes
-from lumina.distributed.parallelize import Parallelized, parallelize
+from lumina.distributed.parallelize import parallelize
 from lumina.distributed.participation import ParticipationTracker, tracked_modules
 from lumina.distributed.plan import PlanRule, parse_plan
 from lumina.distributed.sequence import SequenceShard
@@ -62,7 +62,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
                          process_group_backend=process_group_backend,
                          timeout=timedelta(seconds=self.parallel.timeout_s), **kwargs)
         self.meshes: Meshes | None = None
-        self.parallelized: Parallelized | None = None
         self.participation: ParticipationTracker | None = None
         self.loaded_init_from: str | None = None  # set when `setup` read an HF checkpoint into the shards
         self.sequence_shard: SequenceShard | None = None  # this rank's window of a pack (sp > 1)
@@ -120,13 +119,13 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
             self.parallelize_model(model, init_from=getattr(module, "init_from", None))
         super().setup(trainer)
 
-    def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> Parallelized:
+    def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> None:
         """Shard `model` in place (see module docstring); load `init_from` if the model arrived on meta."""
         assert self.meshes is not None, "setup_environment() must run first"
         on_meta = any(t.is_meta for t in model.parameters())
         cfg = self.parallel
         conditional = tracked_modules(model.conditional_modules())
-        self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
+        parallelize(model, self.meshes, cfg, self.rules, self.root_device)
         if cfg.sp > 1:
             self.sequence_shard = SequenceShard(self.global_rank % cfg.sp, cfg.sp, model.config.pad_token_id)
         if on_meta and init_from is not None:
@@ -134,7 +133,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
             self.loaded_init_from = init_from
         if cfg.participation_check:
             self.participation = ParticipationTracker(model, conditional)
-        return self.parallelized
 
     def _check_run_dirs(self, trainer: L.Trainer) -> None:
         """Every rank must write under the same run directory (pin hydra.run.dir for multi-process runs)."""

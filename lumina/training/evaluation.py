@@ -44,7 +44,6 @@ class GenerationEvalCallback(L.Callback):
                                            guidance=guidance))
         self._eval_set: WorldEvalSet | None = None
         self._last_step = -1
-        self.history: list[tuple[int, dict[str, float]]] = []  # (step, metrics) of every evaluation
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
@@ -68,7 +67,6 @@ class GenerationEvalCallback(L.Callback):
             result = evaluate_world(model, self._eval_set, self.config)
         finally:
             model.train(was_training)
-        self.history.append((step, result.metrics))
         if trainer.is_global_zero:
             self._write(step, result, trainer)
         return result
