@@ -28,8 +28,8 @@ class AllToAllDispatcher:
         self.num_local = experts_per_rank(num_experts, self.ep)
 
     def splits(self, counts: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
-        """counts int64 [E]: copies this rank sends to each expert -> (received [ep * E_local]: from rank r for
-        local expert j at r*E_local + j; send splits; receive splits per rank). The one host sync."""
+        """counts int64 [E] sent to each expert -> (received [ep * E_local], from rank r for local expert j at
+        r*E_local + j; send splits; receive splits). The one host sync."""
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=self.group)
         splits = torch.stack([counts.view(self.ep, self.num_local).sum(1),

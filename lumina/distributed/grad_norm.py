@@ -28,8 +28,7 @@ def total_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32)
     for (mesh, placements), grads in groups.items():
         local = torch.stack([g.to_local().float().pow(2).sum() for g in grads]).sum()
-        # every non-replicated dim splits the tensor (Shard, and FSDP2's _StridedShard on the expert-fsdp dim of
-        # an ep-sharded tensor, which is no Shard subclass: is_shard() is False for it)
+        # every non-replicated dim splits it (also FSDP2's _StridedShard, for which is_shard() is False)
         reduce_as = [Replicate() if p.is_replicate() else Partial() for p in placements]
         total = total.to(local.device) + DTensor.from_local(local, mesh, reduce_as, run_check=False).full_tensor()
     for grad in plain:

@@ -60,8 +60,7 @@ def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
 
 
 def full_state_dict(model: nn.Module, all_ranks: bool = False) -> dict[str, torch.Tensor]:
-    """The consolidated state dict on CPU (a collective over the model's meshes). Only rank 0 receives it
-    (others get an empty dict) unless `all_ranks`, which first gathers on the device on every rank."""
+    """The consolidated state dict on CPU (a collective): rank 0 only (others: {}) unless `all_ranks`."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
     state = get_model_state_dict(model, options=options)
     # copies: unsharded tensors (buffers such as expert_bias) come back as the live tensors themselves

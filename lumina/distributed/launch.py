@@ -23,8 +23,7 @@ def launch_world_size(env: Mapping[str, str] = os.environ) -> int:
 
 
 def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
-    """Extra Hydra overrides for this process (empty for a single-process run). Raises ValueError for a
-    multi-process launch without a pinned run directory or with --multirun."""
+    """Extra Hydra overrides for this rank; ValueError without a pinned run directory or with --multirun."""
     if launch_world_size(env) <= 1:
         return []
     if any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=MULTIRUN") for arg in argv):

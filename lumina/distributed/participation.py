@@ -31,7 +31,7 @@ def _requires_grad(output: object) -> bool:
 
 
 def tracked_modules(conditional: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """The called modules behind `conditional_modules()`: a ModuleList's members, else the module itself."""
+    """The called modules behind `conditional_modules()`: a ModuleList's members, else the module."""
     out = {}
     for name, module in conditional.items():
         if isinstance(module, nn.ModuleList):

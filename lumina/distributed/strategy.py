@@ -70,7 +70,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         if environment is not None:  # under submitit: submitit owns preemption / requeue
             self.cluster_environment = environment
 
-    # ---- process group and meshes ----
     def setup_environment(self) -> None:
         ParallelStrategy.setup_environment(self)
         self._setup_distributed()
@@ -103,7 +102,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
             batch = self.sequence_shard.local(batch)
         return batch
 
-    # ---- model ----
     def setup(self, trainer: L.Trainer) -> None:
         if type(self.precision_plugin) is not Precision:
             raise ValueError(f"trainer.precision={trainer.precision!r}: {type(self).__name__} needs '32-true' "
@@ -143,7 +141,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
                              "hydra.run.dir=<dir> on the command line of every rank")
         log.info(f"all {self.world_size} ranks write under the run directory {dirs[0]}")
 
-    # ---- backward ----
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
         if self.participation is not None:
             self.participation.check()
@@ -152,12 +149,10 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         """Total gradient 2-norm over both meshes (what clipping uses; equal on every rank)."""
         return total_grad_norm(parameters)
 
-    # ---- checkpoints ----
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """DCP resume; the metadata file (with lumina's RNG record) is unpickled unless weights_only."""
         return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
 
-    # ---- export ----
     def consolidated_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights on CPU on rank 0, empty elsewhere (a collective: every rank must call it)."""
         return full_state_dict(model)

@@ -86,8 +86,6 @@ class Precision:
         return f"{8 * self.param_bytes}-bit parameters, {8 * self.activation_bytes}-bit activations"
 
 
-# ---- activations (bytes per token or per row) ----
-
 def _rmsnorm_saved(width: int, a: int) -> int:
     """RMSNorm of a [.., width] input: fp32 input (the input itself in fp32), rsqrt, normalised in a."""
     return width * FP32 + FP32 + width * a
