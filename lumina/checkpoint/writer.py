@@ -9,6 +9,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -80,7 +81,7 @@ def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
     for key, shape, source_dtype in entries:
         out_dtype = export_dtype(key, source_dtype, dtype)
         if layout == "fused" or not is_fused_expert_key(key):
-            plan.append(PlannedTensor(key, tuple(shape), out_dtype, _bind(fetch, key, None)))
+            plan.append(PlannedTensor(key, tuple(shape), out_dtype, partial(fetch, key, None)))
             continue
         group = groups.pop(expert_group(key), None)
         if group is None:  # already emitted with the first key of its layer
@@ -92,12 +93,9 @@ def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
         for e in range(num_experts):
             for member_key, member_shape, member_dtype in group:
                 plan.append(PlannedTensor(split_expert_key(member_key, e), tuple(member_shape[1:]),
-                                          export_dtype(member_key, member_dtype, dtype), _bind(fetch, member_key, e)))
+                                          export_dtype(member_key, member_dtype, dtype),
+                                          partial(fetch, member_key, e)))
     return plan
-
-
-def _bind(fetch: Callable[[str, int | None], torch.Tensor], key: str, expert: int | None) -> Callable[[], torch.Tensor]:
-    return lambda: fetch(key, expert)
 
 
 def assign_shards(plan: list[PlannedTensor], max_shard_size: int) -> list[list[PlannedTensor]]:

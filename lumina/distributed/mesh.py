@@ -25,10 +25,6 @@ class Meshes:
     sizes: ResolvedSizes
     sequence: DeviceMesh | None = None  # [dp, sp] when sp > 1
 
-    @property
-    def ep(self) -> DeviceMesh:
-        return self.sparse["ep"]
-
 
 _CACHE: dict[tuple, Meshes] = {}
 _SEQUENCE_CACHE: dict[tuple, DeviceMesh] = {}

@@ -61,15 +61,11 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def trainer_arguments() -> set[str]:
-    """The keyword arguments of `lightning.Trainer`."""
-    return set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
-
-
 def check_trainer_fields(trainer: Mapping[str, Any]) -> None:
     """Raise ConfigError for the first unknown key or value outside its rule (`trainer.<field>=<value>: must
-    be ...`). Keys the run sets itself (strategy, callbacks, logger, default_root_dir) are refused here too."""
-    known = trainer_arguments() - {"strategy", "callbacks", "logger", "default_root_dir"}
+    be ...`), also for the keys the run sets itself (`own`)."""
+    own = {"self", "strategy", "callbacks", "logger", "default_root_dir"}
+    known = set(inspect.signature(L.Trainer.__init__).parameters) - own
     for name, value in trainer.items():
         if name not in known:
             raise ConfigError(f"trainer.{name}: not a lightning.Trainer argument this config sets (strategy, "
