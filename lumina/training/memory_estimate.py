@@ -4,16 +4,11 @@ without building anything (`lumina-train estimate_memory=true [memory_budget_gib
     estimate = estimate_step_memory(config, seq_len=16384, policy="selective")
     estimate.peak, estimate.fits(20.0), print(estimate.table())
 
-Parts (bytes per rank):
-    parameters        counted on the model built on the meta device
-    gradients         one per trainable parameter (`mark_trainable`: `model.freeze`), parameter dtype
-    optimizer_states  AdamW: exp_avg and exp_avg_sq per trainable parameter, parameter dtype
-    activations       what autograd keeps for backward, tensor by tensor under the checkpointing policy,
-                      plus what one recompute rebuilds
-    head_losses       the fused chunked head losses' input-gradient buffers, inputs and one fp32 logits chunk,
-                      plus the heads' weight gradients formed in forward (`head_weight_gradient_bytes`)
-    optimizer_step    AdamW's foreach temporaries (one copy of the trainable parameters)
-    fsdp_buffers      sharded: two unsharded units (in use + prefetched) and one unit's unreduced gradient
+Parts (bytes per rank): parameters (of the model built on meta); gradients and AdamW's two optimizer_states
+per trainable parameter (`mark_trainable`), in the parameter dtype; activations (what autograd keeps for
+backward under the checkpointing policy, plus one recompute); head_losses (`head_loss_bytes`,
+`head_weight_gradient_bytes`); optimizer_step (AdamW's foreach temporaries); fsdp_buffers (two unsharded units
+and one unit's unreduced gradient).
     peak = parameters + gradients + optimizer_states + fsdp_buffers + max(activations + head_losses,
            optimizer_step), every gradient counted as live at the activation peak (an upper bound)
     step_rise = gradients + activations + head_losses (what experiments/bench/step_memory.py measures)
@@ -328,8 +323,8 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
              ("masks", mask_bytes(backend, seq_len, rows, a)))
     states = OPTIMIZERS[optimizer]
     fsdp = 0
-    if shard > 1:
-        largest = max(_gathered_unit(counts, name, ep) for name in counts.units)
+    if shard > 1:  # the largest FSDP unit while unsharded: a layer's experts stay split over ep
+        largest = max(dense + experts // ep for dense, experts in counts.units.values())
         fsdp = largest * (2 * precision.gathered_bytes + FP32)
     return MemoryEstimate(
         seq_len=seq_len, policy=policy, rows=rows, precision=precision, parameter_count=counts.total,
@@ -339,9 +334,3 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         head_losses=head_loss_bytes(config, seq_len, rows, a) + head_weight_gradient_bytes(counts, precision, shard),
         optimizer_step=grad_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
         activation_parts=parts)
-
-
-def _gathered_unit(counts: ParameterCounts, name: str, ep: int) -> int:
-    """Parameters of FSDP unit `name` while unsharded: a decoder layer's experts stay split over ep."""
-    dense, experts = counts.units[name]
-    return dense + experts // ep
