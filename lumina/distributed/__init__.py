@@ -5,7 +5,7 @@ from lumina.distributed.config import ParallelConfig
 from lumina.distributed.dcp_io import load_dcp_weights
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
-from lumina.distributed.hf import export_hf, full_state_dict, load_hf_sharded
+from lumina.distributed.hf import full_state_dict, load_hf_sharded
 from lumina.distributed.mesh import build_meshes
 from lumina.distributed.parallelize import parallelize
 from lumina.distributed.participation import ParticipationTracker, tracked_modules
@@ -15,7 +15,7 @@ from lumina.distributed.strategy import FSDP2ExpertParallelStrategy
 
 __all__ = [
     "OFFICIAL_PLAN", "AllToAllDispatcher", "FSDP2ExpertParallelStrategy", "ParallelConfig", "ParticipationTracker",
-    "PlanError", "PlanRule", "build_meshes", "clip_grad_norm", "export_hf", "full_state_dict", "load_dcp_weights",
+    "PlanError", "PlanRule", "build_meshes", "clip_grad_norm", "full_state_dict", "load_dcp_weights",
     "load_hf_sharded", "parallelize", "parse_plan", "resolve_plan", "shard_experts", "total_grad_norm",
     "tracked_modules",
 ]

@@ -179,17 +179,15 @@ def check_tokens(found: SpecialTokens, config: DataConfig, model: LuminaConfig,
         raise ConfigError(f"data.tokenizer: the data's special tokens differ from the tokenizer's ({'; '.join(diffs)})")
     if config.pad_id != found.pad:
         raise ConfigError(f"data.pad_id={config.pad_id}: the data's pad token is {found.pad}")
-    pairs = [
-        ("num_codebooks", found.num_codebooks, model.num_codebooks, "=="),
-        ("data.num_codebooks", config.num_codebooks, model.num_codebooks, "=="),
-        ("text_vocab_size", found.text_vocab_size, model.vocab_size, "<="),
-        ("codebook_size", found.codebook_size, model.codebook_size, "<="),
-        ("image_vocab_size", found.image_vocab_size, model.image_vocab_size, "<="),
+    pairs = [  # (the data's name, its value, the model's field, rule)
+        ("num_codebooks", found.num_codebooks, "num_codebooks", "=="),
+        ("data.num_codebooks", config.num_codebooks, "num_codebooks", "=="),
+        ("text_vocab_size", found.text_vocab_size, "vocab_size", "<="),
+        ("codebook_size", found.codebook_size, "codebook_size", "<="),
+        ("image_vocab_size", found.image_vocab_size, "image_vocab_size", "<="),
     ]
-    for name, data_value, model_value, rule in pairs:
-        ok = data_value == model_value if rule == "==" else data_value <= model_value
-        if not ok:
-            field = "num_codebooks" if "num_codebooks" in name else {
-                "text_vocab_size": "vocab_size"}.get(name, name)
+    for name, data_value, field, rule in pairs:
+        model_value = getattr(model, field)
+        if not (data_value == model_value if rule == "==" else data_value <= model_value):
             raise ConfigError(f"model.config.{field}={model_value}: incompatible with the data's {name}="
                               f"{data_value} (must be {rule} it)")
