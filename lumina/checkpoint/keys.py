@@ -57,8 +57,8 @@ def expert_group(key: str) -> str | None:
 
 
 def official_buffer_dtype(key: str) -> torch.dtype | None:
-    """dtype of a persistent buffer in the official model (expert_bias fp32, channel_mask bf16), or of a
-    registered router's buffer; None for parameters."""
+    """The fixed dtype of a persistent buffer (a router's `BUFFER_DTYPES`, an image head's `buffer_dtypes`);
+    None for parameters."""
     gate = _GATE_BUFFER_RE.match(key)
     if gate is not None:
         return _router_buffer_dtypes().get(gate.group(1))
@@ -71,8 +71,7 @@ def official_buffer_dtype(key: str) -> torch.dtype | None:
 
 
 def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tuple[int, ...]]:
-    """Every key of the official `LLaDA2MoeModelLM` state dict for `config`, with its shape, in the given
-    expert layout. Generated from the config alone: nothing is allocated."""
+    """Every key of the official `LLaDA2MoeModelLM` state dict for `config` -> its shape, in `layout`."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     c = config

@@ -27,8 +27,7 @@ SAFETENSORS_DTYPES = {
 
 @contextmanager
 def open_shard(file: Path) -> Iterator[Any]:
-    """`safe_open` of one weight file (torch tensors); a file that is no complete safetensors file (truncated,
-    corrupt) raises ValueError naming it, on opening or on reading a tensor."""
+    """`safe_open` of one weight file; a truncated or corrupt file raises ValueError naming it."""
     try:
         with safe_open(file, framework="pt") as handle:
             yield handle
@@ -46,8 +45,8 @@ class TensorInfo:
 
 
 class HFCheckpoint:
-    """Headers of every tensor in an HF safetensors directory. `tensors` maps checkpoint key -> TensorInfo,
-    `files` lists the weight files in index order. Index/file disagreements raise ValueError naming them."""
+    """`tensors`: checkpoint key -> TensorInfo; `files`: the weight files in index order. Index/file
+    disagreements raise ValueError naming them."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)

@@ -38,8 +38,7 @@ log = logging.getLogger(__name__)
 
 
 class MeshAwarePrecision(Precision):
-    """Full-precision plugin ("32-true"; mixed precision is FSDP2's MixedPrecisionPolicy) whose norm clipping
-    handles gradients on several meshes."""
+    """"32-true" precision plugin whose norm clipping handles gradients on several meshes."""
 
     def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: int | float) -> None:
         clip_grad_norm(self.main_params(optimizer), float(clip_val))
@@ -80,7 +79,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        """The data-parallel layout: the sp ranks of a sequence-parallel group share one replica."""
+        """The sp ranks of a sequence-parallel group share one data-parallel replica."""
         sp = self.parallel.sp
         return {"num_replicas": self.world_size // sp, "rank": self.global_rank // sp}
 

@@ -1,12 +1,9 @@
 """Does the model use its input? Per task, the held-out loss next to a baseline that ignores the input.
 
-The held-out samples of each task (`lumina.generation.own_eval.task_of`), laid out as validation lays them
-out, are scored as they are (`<task>/loss`, `<task>/acc`) and with the input their answer depends on taken
-away (`<task>/loss_ignoring`, `acc_ignoring`): understand and edit swap each prompt media for the next
-sample's, t2i replaces the prompt's text by `<uncondition>`. `<task>/gain` = loss_ignoring - loss (about 0 for
-a model that ignores its input), `<task>/gain/cb<c>` the same per codebook for image answers. Text-only tasks
-get no baseline. An over-fitting model can lose its total gain while the first codebook still follows the
-prompt, so the warning needs the gain to be low in the total and in every codebook.
+Each task's held-out samples (`task_of`) are scored as they are (`<task>/loss`, `acc`) and without the input
+their answer depends on (`loss_ignoring`, `acc_ignoring`; understand / edit: the next sample's media, t2i:
+`<uncondition>` text). `<task>/gain` = loss_ignoring - loss, about 0 for a model ignoring its input, and per
+codebook `gain/cb<c>`: an over-fitting model loses its total gain while the first codebook still follows.
 """
 
 from __future__ import annotations

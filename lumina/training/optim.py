@@ -94,8 +94,8 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
 
 def warmup_cosine(step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the peak lr at optimizer step `step` (0-based): linear from 1/(warmup+1) up to 1 over
-    the warmup, then a half cosine down to `min_lr_ratio` at `decay_steps`, constant after that."""
+    """Peak-lr multiplier at optimizer step `step` (0-based): linear warmup from 1/(warmup+1), then a half
+    cosine down to `min_lr_ratio` at `decay_steps`, constant after."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     span = max(decay_steps - warmup_steps, 1)
