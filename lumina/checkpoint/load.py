@@ -109,8 +109,7 @@ def _place(slot: _Slot, value: torch.Tensor, expert: int | None, shape: tuple[in
 
 
 def materialise_leftovers(model: nn.Module, device: torch.device | str = "cpu") -> None:
-    """Allocate tensors still on meta after loading (e.g. rotary `inv_freq`) and run their module's
-    `reset_parameters()`; refused for a module that also owns loaded tensors."""
+    """`reset_parameters()` the modules owning tensors still on meta (not for modules with loaded ones)."""
     persistent = set(model.state_dict().keys())
     for name, module in model.named_modules():
         own = {**module._parameters, **module._buffers}
@@ -130,8 +129,7 @@ def materialise_leftovers(model: nn.Module, device: torch.device | str = "cpu") 
 
 def load_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu",
                     **config_overrides: Any) -> LuminaModel:
-    """The `LuminaModel` of `path` (config.json with `config_overrides`), built on meta and streamed in;
-    dtype None keeps the checkpoint's dtypes."""
+    """The `LuminaModel` of `path` (config.json + `config_overrides`), built on meta and streamed in."""
     from lumina.model import LuminaModel  # imported here so that lumina.model may import lumina.checkpoint
 
     config = HFCheckpoint(path).config(**config_overrides)

@@ -45,8 +45,7 @@ class TensorInfo:
 
 
 class HFCheckpoint:
-    """`tensors`: checkpoint key -> TensorInfo; `files`: the weight files in index order. Index/file
-    disagreements raise ValueError naming them."""
+    """`tensors`: key -> TensorInfo; `files`: weight files in index order; inconsistency: ValueError."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)

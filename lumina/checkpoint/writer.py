@@ -58,8 +58,7 @@ def parse_size(size: int | str) -> int:
 
 
 def export_dtype(model_key: str, source: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """dtype=None keeps `source`; otherwise parameters become `dtype` and the persistent buffers take their
-    official dtype (expert_bias fp32, channel_mask bf16)."""
+    """dtype=None keeps `source`; else parameters become `dtype`, persistent buffers their official dtype."""
     if dtype is None:
         return source
     return official_buffer_dtype(model_key) or dtype
@@ -99,8 +98,7 @@ def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
 
 
 def assign_shards(plan: list[PlannedTensor], max_shard_size: int) -> list[list[PlannedTensor]]:
-    """Fill shards in plan order; a new shard starts when the next tensor would pass `max_shard_size`
-    (a tensor larger than the limit gets a shard of its own)."""
+    """Fill shards in plan order, a new one when the next tensor would pass `max_shard_size`."""
     shards: list[list[PlannedTensor]] = [[]]
     size = 0
     for item in plan:

@@ -31,8 +31,7 @@ _SEQUENCE_CACHE: dict[tuple, DeviceMesh] = {}
 
 
 def build_meshes(sizes: ResolvedSizes, device_type: str) -> Meshes:
-    """Create the meshes (a collective). They are cached per sizes and process group: FSDP2 requires a
-    parameter's mesh to be the very object it shards over."""
+    """Create the meshes (a collective), cached: FSDP2 needs a parameter's very mesh object."""
     key = (sizes.replicate, sizes.shard, sizes.expert_fsdp, sizes.ep, device_type)
     if not (key in _CACHE and _CACHE[key].dense.get_group("shard") is not None and _alive(_CACHE[key])):
         dense = init_device_mesh(device_type, (sizes.replicate, sizes.shard), mesh_dim_names=DENSE_DIMS)

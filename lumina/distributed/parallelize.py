@@ -69,8 +69,7 @@ def check_supported(placements: dict[str, PlanRule], experts: Sequence[str]) -> 
 
 def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules: Sequence[PlanRule],
                 device: torch.device) -> None:
-    """Shard `model` (a LuminaModel, materialised or on meta) in place. Raises PlanError when the plan does
-    not fit the model (before anything is changed)."""
+    """Shard LuminaModel `model` in place; PlanError (before any change) when the plan does not fit it."""
     names = [n for n, _ in model.named_parameters()]
     experts = expert_parameter_names(model, (GroupedExperts,))
     placements = resolve_plan(names, rules, experts)

@@ -45,8 +45,7 @@ class MeshAwarePrecision(Precision):
 
 
 class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
-    """parallel: a ParallelConfig or its fields (Hydra); plan: rules (None = the official expert plan);
-    save_distributed_checkpoint: DCP directory checkpoints (True) or one consolidated file."""
+    """parallel: a ParallelConfig or its fields (Hydra); plan: rules (None = the official expert plan)."""
 
     strategy_name = "fsdp2_ep"
 

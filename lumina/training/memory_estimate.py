@@ -19,9 +19,8 @@ sub-block's input and tape. Under full / selective one recomputed unit holds its
 bytes of their gradients ("recompute" counts it twice), and the channel head is checkpointed in chunks of
 `CHANNEL_CHECKPOINT_ROWS` rows.
 
-Calibration (2-core CPU, fp32, estimate / measured step rise in MiB, small memory-benchmark config, t2i +
-text-QA pack): S = 2048 none 2300 / 2352, full 2230 / 2246, selective 2267 / 2151; S = 4096 none 4090 / 4465.
-Where gradients dominate the rise the estimate runs high (S = 512: 927 / 760).
+Checked against measured step rises by experiments/bench/step_memory.py (within about 10% where
+activations dominate; high where gradients do).
 """
 
 from __future__ import annotations
@@ -158,8 +157,7 @@ def _saved_bytes(head: ImageHead, width: int, rows: int, dtype: torch.dtype) -> 
 
 
 def channel_head_bytes_per_row(config: LuminaConfig, a: int) -> int:
-    """Per supervised image row: what the image head keeps for backward, measured on the meta device in the
-    activation dtype (4 rows less 2; cached per config)."""
+    """Per supervised image row: what the image head keeps for backward, measured on meta (cached)."""
     key = (repr(config), a)
     if key not in _CHANNEL_HEAD_BYTES:
         dtype = float_dtype_of_size(a)

@@ -11,7 +11,6 @@ from lumina.training.freeze import freeze_parameters
 
 
 def mark_trainable(model: nn.Module, freeze: Sequence[str] = ()) -> dict[str, nn.Parameter]:
-    """Switch off gradients for parameters matching a `freeze` glob; return the trainable ones by name, in
-    model order. Raises ConfigError for a glob matching nothing."""
+    """Switch off gradients for parameters matching a `freeze` glob; return the trainable ones by name."""
     freeze_parameters(model, freeze)
     return {name: param for name, param in model.named_parameters() if param.requires_grad}

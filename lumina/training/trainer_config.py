@@ -62,8 +62,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def check_trainer_fields(trainer: Mapping[str, Any]) -> None:
-    """Raise ConfigError for the first unknown key or value outside its rule (`trainer.<field>=<value>: must
-    be ...`), also for the keys the run sets itself (`own`)."""
+    """Raise ConfigError for the first unknown key (or one the run sets itself) or value outside its rule."""
     own = {"self", "strategy", "callbacks", "logger", "default_root_dir"}
     known = set(inspect.signature(L.Trainer.__init__).parameters) - own
     for name, value in trainer.items():
