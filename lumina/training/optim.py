@@ -94,7 +94,7 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
 
 def warmup_cosine(step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float) -> float:
-    """Peak-lr multiplier at step `step` (0-based): linear warmup, cosine to `min_lr_ratio` at `decay_steps`."""
+    """Peak-lr multiplier at step `step` (0-based): warmup, then cosine to `min_lr_ratio` at `decay_steps`."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     span = max(decay_steps - warmup_steps, 1)
