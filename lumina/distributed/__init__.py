@@ -14,8 +14,8 @@ from lumina.distributed.sharded_experts import shard_experts
 from lumina.distributed.strategy import FSDP2ExpertParallelStrategy
 
 __all__ = [
-    "OFFICIAL_PLAN", "AllToAllDispatcher", "FSDP2ExpertParallelStrategy", "ParallelConfig", "ParticipationTracker",
-    "PlanError", "PlanRule", "build_meshes", "clip_grad_norm", "full_state_dict", "load_dcp_weights",
-    "load_hf_sharded", "parallelize", "parse_plan", "resolve_plan", "shard_experts", "total_grad_norm",
-    "tracked_modules",
+    "OFFICIAL_PLAN", "AllToAllDispatcher", "FSDP2ExpertParallelStrategy", "ParallelConfig",
+    "ParticipationTracker", "PlanError", "PlanRule", "build_meshes", "clip_grad_norm", "full_state_dict",
+    "load_dcp_weights", "load_hf_sharded", "parallelize", "parse_plan", "resolve_plan", "shard_experts",
+    "total_grad_norm", "tracked_modules",
 ]
