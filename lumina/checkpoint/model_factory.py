@@ -13,8 +13,7 @@ from lumina.model.config import LuminaConfig
 
 def build_model(config: LuminaConfig, init_from: str | Path | None = None, meta_init: bool = False,
                 device: torch.device | str = "cpu") -> nn.Module:
-    """init_from: an HF directory streamed into a meta-built model, in the default dtype. meta_init: build on
-    meta, then allocate on `device` and `init_weights()`. Otherwise build directly."""
+    """init_from: an HF directory streamed into a model built on meta; meta_init: initialised after meta."""
     from lumina.model import LuminaModel
 
     if init_from is not None:

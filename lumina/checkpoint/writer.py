@@ -125,8 +125,7 @@ def prepare_directory(directory: str | Path, overwrite: bool) -> Path:
 
 def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_size: int | str,
                  after_shard: Callable[[], None] | None = None) -> dict:
-    """Write `plan` as `model-0000i-of-0000N.safetensors` + index into `directory`; returns the index.
-    `after_shard()` runs after each shard is written (e.g. to release source files)."""
+    """Write `plan` as `model-0000i-of-0000N.safetensors` + index; `after_shard()` runs after each shard."""
     directory = Path(directory)
     if not plan:
         raise ValueError("export plan is empty: nothing to write")

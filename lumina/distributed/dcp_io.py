@@ -10,8 +10,7 @@ from torch import nn
 
 
 def load_dcp_weights(model: nn.Module, path: str | Path, prefix: str = "model.") -> nn.Module:
-    """Fill `model`'s persistent parameters and buffers in place from checkpoint directory `path`, whose
-    `state_dict` entry holds them under `prefix` (the LightningModule attribute the model lives in)."""
+    """Fill `model`'s persistent tensors in place from DCP directory `path` (`state_dict`, under `prefix`)."""
     state = {f"{prefix}{key}": tensor for key, tensor in model.state_dict().items()}
     dcp.load({"state_dict": state}, checkpoint_id=str(path))
     return model

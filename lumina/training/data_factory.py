@@ -137,8 +137,7 @@ def resolve_from_data(config: DataConfig, found: SpecialTokens) -> DataConfig:
 
 
 def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetAssets | None) -> DatasetAssets:
-    """The tokenizers source `index` records: equal to its held-out shards' and earlier sources', with a
-    visual tokenizer coding the model's num_codebooks x codebook_size."""
+    """The tokenizers source `index` records, checked against its held-out split, earlier sources, model."""
     from lumina.data.tokenizers.visual import check_fits_model
 
     found = train.assets

@@ -178,8 +178,7 @@ def channel_head_bytes(config: LuminaConfig, policy: str, image_rows: int, a: in
 
 
 def embedding_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
-    """The embeddings' saved tensors: ids and the stacked code embeddings of the image input rows (and of the
-    teacher-forcing codes when the image head reads them)."""
+    """The embeddings' saved tensors: ids and the stacked code embeddings of image inputs and forced codes."""
     coded = rows.image_inputs + (rows.image if image_head_class(config).teacher_forced else 0)
     return seq_len * INT64 + coded * config.num_codebooks * (config.hidden_size * a + INT64)
 

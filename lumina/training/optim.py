@@ -86,8 +86,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
-    """Whether torch's fused AdamW kernel takes these parameters: plain (not DTensor) floating tensors, all on
-    CPU or all on CUDA (experiments/bench/train_step.py: several times faster on CPU)."""
+    """Whether torch's fused AdamW takes these: plain floating tensors, all on CPU or all on CUDA."""
     device_types = {p.device.type for p in params}
     return (len(device_types) == 1 and device_types <= {"cpu", "cuda"}
             and all(p.is_floating_point() and not isinstance(p, DTensor) for p in params))
