@@ -1,5 +1,4 @@
-"""`AllToAllDispatcher`: the expert-parallel implementation of the model's MoE dispatcher seam
-(`lumina.model.dispatch.MoEDispatcher`).
+"""`AllToAllDispatcher`: the expert-parallel `lumina.model.dispatch.MoEDispatcher`.
 
 run_experts sorts the T*k routed copies by global expert id (ep rank r owns [r*E_local, (r+1)*E_local)),
 exchanges the per-expert counts (the layer's one host sync), all-to-alls the rows to their experts' ranks,

@@ -1,11 +1,9 @@
 """`parallelize`: apply the expert-parallel plan and FSDP2 to a `LuminaModel`, unit by unit.
 
-Units, in `modules()` order: embedding tables, each decoder layer (its MoE experts first, as their own group
-on the sparse mesh), the heads, then the root. A unit on meta is materialised and initialised just before it
-is sharded, so peak memory stays near one unsharded unit and the same seed gives the same weights under any
-layout. With sequence parallelism each attention core becomes a `UlyssesAttention`. Every group sums
-gradients and divides by the world size (the objective scales each rank's loss by world / N_global), so
-expert gradients, already summed over ep ranks by the all-to-all, are normalised like the dense ones.
+Units, in `modules()` order: embedding tables, each decoder layer (its experts first, on the sparse mesh),
+the heads, then the root; a unit on meta is initialised just before it is sharded (same seed, same weights
+under any layout). Every group sums gradients and divides by the world size (the objective scales each loss
+by world / N_global), so expert gradients, summed over ep ranks by the all-to-all, match the dense ones.
 """
 
 from __future__ import annotations

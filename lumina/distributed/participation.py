@@ -1,9 +1,8 @@
 """Hang proofing: which conditional modules joined this rank's autograd graph, compared across ranks.
 
-FSDP2 reduce-scatters a module's gradients only on ranks whose graph contains it, so a rank whose batch
-skipped a modality leaves the others hanging. `ParticipationTracker` records per forward the conditional
-modules whose output requires grad; `check` (before backward) compares the records across ranks and raises
-the same `ParticipationError` on every rank, naming the modules and ranks.
+FSDP2 reduce-scatters a module's gradients only on ranks whose graph contains it, so a rank that skipped a
+modality leaves the others hanging. `ParticipationTracker.check` (before backward) compares the recorded
+modules across ranks and raises the same `ParticipationError` on every rank, naming modules and ranks.
 """
 
 from __future__ import annotations

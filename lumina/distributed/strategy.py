@@ -1,10 +1,9 @@
 """`FSDP2ExpertParallelStrategy`: Lightning's `ModelParallelStrategy` with lumina's meshes, parallel plan,
 expert-parallel dispatcher, FSDP2 units, mesh-aware gradient clipping and hang proofing.
 
-`setup_environment` starts the process group and builds the meshes; `configure_model` may build the model on
-meta; `setup` shards it unit by unit (`parallelize`), loads `init_from` into the shards and installs the
-participation check before Lightning takes over (optimizers, DCP checkpoints). With sequence parallelism the
-`sp` ranks of a group receive the same pack and `batch_to_device` keeps each rank's window of its rows.
+`setup` shards the model (built on meta by `configure_model` if it likes) with `parallelize`, loads
+`init_from` into the shards and installs the participation check before Lightning takes over. With sequence
+parallelism `batch_to_device` keeps each rank's window of its group's pack.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Achieved FLOP/s and MFU of each optimizer step, and the analytic FLOPs in the model summary.
 
-`ThroughputCallback` logs per optimizer step `train/flops` (training FLOPs of the step, `lumina.model.flops`,
-summed over ranks), `train/tflops` (per-device TFLOP/s from the first micro-batch start to the optimizer
-step's end, mean over ranks) and `train/mfu` (train/tflops / the device's peak: configured, else a known GPU's
-dense bf16 peak, else on CPU a GEMM probe). `FlopsModelSummary` is Lightning's rich model summary with the
-analytic training FLOPs of one nominal pack (`data.seq_len` tokens holding `memory_pack`'s fractions) instead
-of a forward of `example_input_array`, which a sharded strategy cannot run on rank 0 alone.
+`ThroughputCallback` logs per optimizer step `train/flops` (summed over ranks), `train/tflops` (per device,
+first micro-batch start to step end, mean over ranks) and `train/mfu` (over the configured peak, else a known
+GPU's dense bf16 peak, else a CPU GEMM probe). `FlopsModelSummary` shows the analytic training FLOPs of one
+nominal pack (`data.seq_len` tokens, `memory_pack`'s fractions): a sharded model cannot run a probe forward.
 """
 
 from __future__ import annotations

@@ -52,10 +52,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                 or (isinstance(v, list | tuple) and all(_int(d) and d >= 0 for d in v)),
                 "an integer >= 1, -1, 'auto' or a list of device indices"),
     "num_nodes": (_int_at_least(1), "an integer >= 1"),
-    "enable_progress_bar": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_model_summary": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_checkpointing": (lambda v: isinstance(v, bool), "true or false"),
-    "use_distributed_sampler": (lambda v: isinstance(v, bool), "true or false"),
+    **dict.fromkeys(("enable_progress_bar", "enable_model_summary", "enable_checkpointing",
+                     "use_distributed_sampler"), (lambda v: isinstance(v, bool), "true or false")),
     "deterministic": (lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false, 'warn' or null"),
     "fast_dev_run": (lambda v: isinstance(v, bool) or (_int(v) and v >= 0), "true, false or an integer >= 0"),
 }
