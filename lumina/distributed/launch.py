@@ -1,9 +1,4 @@
-"""Launching lumina-train as one rank of a distributed job (torchrun, SLURM srun, submitit).
-
-`rank_overrides` (applied before Hydra starts) requires a pinned `hydra.run.dir` in a multi-process job,
-refuses multirun (sweep with the submitit launcher instead) and lets only rank 0 write Hydra's artefacts.
-`cluster_environment`: under submitit, submitit handles SLURM preemption and requeues, so Lightning's is off.
-"""
+"""Launching lumina-train as one rank of a distributed job (torchrun, SLURM srun, submitit)."""
 
 from __future__ import annotations
 
@@ -23,7 +18,8 @@ def launch_world_size(env: Mapping[str, str] = os.environ) -> int:
 
 
 def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
-    """Extra Hydra overrides for this rank; ValueError without a pinned run directory or with --multirun."""
+    """Extra Hydra overrides for this rank (only rank 0 writes Hydra's artefacts), applied before Hydra runs.
+    ValueError without a pinned `hydra.run.dir` or with --multirun (sweep with the submitit launcher)."""
     if launch_world_size(env) <= 1:
         return []
     if any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=MULTIRUN") for arg in argv):
@@ -40,7 +36,7 @@ def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> 
 
 
 def cluster_environment(env: Mapping[str, str] = os.environ) -> ClusterEnvironment | None:
-    """SLURM without Lightning's requeue handler under submitit; None = let Lightning detect it."""
+    """SLURM without Lightning's requeue handler under submitit (submitit requeues); None: autodetect."""
     if "SUBMITIT_EXECUTOR" in env and SLURMEnvironment.detect():
         return SLURMEnvironment(auto_requeue=False)
     return None

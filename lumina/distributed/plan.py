@@ -1,9 +1,7 @@
 """The parallel plan as data: glob patterns over parameter names -> a placement on a named mesh dim.
 
-A rule matches a parameter when its pattern (fnmatch; `*` also crosses dots) matches the parameter's name
-or, for a fused expert tensor `...mlp.experts.<proj>`, that tensor's split-layout name
-`...mlp.experts.<e>.<proj>.weight` (so one plan serves both checkpoint layouts). `resolve_plan` raises when a
-rule matches nothing, when two rules place one parameter differently, or when an expert tensor is unplaced.
+A rule's pattern (fnmatch; `*` also crosses dots) matches a parameter's name or, for a fused expert tensor,
+its split-layout name `...mlp.experts.<e>.<proj>.weight`, so one plan serves both checkpoint layouts.
 """
 
 from __future__ import annotations

@@ -101,9 +101,8 @@ def uses_input(scores: dict[str, float], task: str, min_gain: float) -> bool:
 
 
 class ConditioningCallback(L.Callback):
-    """After each validation, logs `conditioning_scores` as `val/<task>/...` on up to `num_items` held-out
-    samples per task of a validation `LayoutSource` (else, or under sequence parallelism, off with one log
-    line), and warns when a task's gain stays below `min_gain` x loss_ignoring for `patience` validations."""
+    """Logs `conditioning_scores` (`val/<task>/...`) after each validation on a validation `LayoutSource`, and
+    warns when a task's gain stays below `min_gain` x loss_ignoring for `patience` validations."""
 
     def __init__(self, num_items: int = 16, min_gain: float = 0.02, patience: int = 2) -> None:
         if num_items < 2 or patience < 1 or min_gain < 0:

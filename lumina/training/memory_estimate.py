@@ -41,7 +41,7 @@ from lumina.model.params import ParameterCounts, parameter_counts
 from lumina.model.supervision import PackRows
 from lumina.training.trainable import mark_trainable
 
-FP32, INT64, BOOL = 4, 8, 1
+FP32, INT64 = 4, 8
 _CHANNEL_HEAD_BYTES: dict[tuple[str, int], int] = {}  # by (repr(config), activation bytes)
 GIB = 2**30
 OPTIMIZERS = {"adamw": 2, "sgd": 0}  # states per parameter
