@@ -3,10 +3,9 @@
 Split layout (`llada2_moe`, what the official loader accepts):
     model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight   [I, H]
     model.layers.{i}.mlp.experts.{e}.down_proj.weight        [H, I]
-Fused layout (`llada2_moe_veomni`, what `LuminaModel.state_dict()` holds; no `.weight` suffix):
+Fused layout (`llada2_moe_veomni`, `LuminaModel.state_dict()`; slice e is expert e's split weight):
     model.layers.{i}.mlp.experts.{gate,up}_proj              [E, I, H]
     model.layers.{i}.mlp.experts.down_proj                   [E, H, I]
-Slice e of a fused tensor is the split weight of expert e.
 """
 
 from __future__ import annotations

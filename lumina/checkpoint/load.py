@@ -45,10 +45,9 @@ class _Slot:
 
 def load_hf_state_dict_into(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None,
                             device: torch.device | str | None = None) -> nn.Module:
-    """Load checkpoint directory `path` into `model`, checked first against `model.state_dict()` (one
-    CheckpointMismatchError); returns `model`. Meta tensors become checkpoint tensors on `device` (cpu),
-    parameters cast to `dtype` when given (buffers keep their official dtype); tensors holding data are filled
-    in place and must agree with a given dtype / device. Non-persistent buffers are left as they are."""
+    """Load checkpoint directory `path` into `model` (keys and shapes checked first); returns `model`. Meta
+    tensors become checkpoint tensors on `device` (cpu), parameters cast to `dtype` if given; tensors holding
+    data are filled in place and must agree with a given dtype / device. Non-persistent buffers stay."""
     out_dtype = resolve_dtype(dtype)
     checkpoint = HFCheckpoint(path)
     expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}

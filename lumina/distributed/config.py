@@ -28,7 +28,7 @@ class ParallelConfig:
     param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = fp32 compute; trainer
                 precision stays "32-true").
     participation_check: before backward, raise when ranks disagree on which conditional modules ran.
-    timeout_s:  process-group timeout: a dead or diverged rank ends the job with an error after this long.
+    timeout_s:  process-group timeout: after it a dead or diverged rank ends the job with an error.
     """
 
     replicate: int = 1

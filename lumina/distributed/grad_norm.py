@@ -1,8 +1,5 @@
-"""Gradient norm and clipping across meshes: dense gradients live on the dense mesh, expert gradients on the
-sparse mesh, so `torch.nn.utils.clip_grad_norm_` (which stacks per-tensor norms) cannot combine them.
-
-Per (mesh, placements) group the squared local shards are summed and reduced once over the non-Replicate
-mesh dims."""
+"""Gradient norm and clipping across the dense and sparse meshes, which `torch.nn.utils.clip_grad_norm_`
+cannot combine: per (mesh, placements) group the squared local shards are summed and reduced once."""
 
 from __future__ import annotations
 

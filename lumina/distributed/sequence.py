@@ -1,10 +1,10 @@
 """Sequence parallelism (DeepSpeed-Ulysses style): one pack spread over the `sp` consecutive ranks of a group.
 
-Every rank of a group receives the same pack; `SequenceShard.local` keeps this rank's S/sp consecutive rows
-(a `PackedBatch.window`: the attention spec is still built for the whole pack). Everything but attention runs
-on the local rows. `UlyssesAttention`, each layer's `Attention.core`, all-to-alls q/k/v so each rank holds the
-whole sequence for nh/sp query heads, attends, and all-to-alls the output back: per layer and rank
-(S/sp) * (nh + 2 * max(nkv, sp)) * hd * (sp - 1)/sp elements in, (S/sp) * nh * hd * (sp - 1)/sp out.
+`SequenceShard.local` keeps this rank's S/sp consecutive rows of the group's pack (a `PackedBatch.window`: the
+attention spec is built for the whole pack); all but attention runs on the local rows. `UlyssesAttention`
+(each layer's `Attention.core`) all-to-alls q/k/v so each rank holds all S rows for nh/sp query heads,
+attends, and all-to-alls the output back. Per layer and rank it sends (S/sp) * (nh + 2 max(nkv, sp)) * hd *
+(sp-1)/sp elements in and (S/sp) * nh * hd * (sp-1)/sp out.
 """
 
 from __future__ import annotations

@@ -13,14 +13,12 @@ and one unit's unreduced gradient).
            optimizer_step), every gradient counted as live at the activation peak (an upper bound)
     step_rise = gradients + activations + head_losses (what experiments/bench/step_memory.py measures)
 
-Policies (`LuminaConfig.gradient_checkpointing`): none keeps every layer's activations; full keeps each
-layer's input [S, H] and its routing tape (top-k ids); selective keeps the attention blocks and each FFN
-sub-block's input and tape. Under full / selective one recomputed unit holds its activations and about as many
-bytes of their gradients ("recompute" counts it twice), and the channel head is checkpointed in chunks of
-`CHANNEL_CHECKPOINT_ROWS` rows.
+Policies (`LuminaConfig.gradient_checkpointing`): none keeps every layer's activations; full each layer's
+input [S, H] and routing tape (top-k ids); selective the attention blocks and each FFN sub-block's input and
+tape. Under full / selective one recomputed unit holds its activations and as many bytes of their gradients
+("recompute" counts it twice), and the channel head is checkpointed in `CHANNEL_CHECKPOINT_ROWS`-row chunks.
 
-Checked against measured step rises by experiments/bench/step_memory.py (within about 10% where
-activations dominate; high where gradients do).
+Checked against experiments/bench/step_memory.py: within about 10% where activations dominate, else high.
 """
 
 from __future__ import annotations
@@ -202,8 +200,8 @@ def head_weight_gradient_bytes(counts: ParameterCounts, precision: Precision, sh
 
 
 def head_loss_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
-    """The fused head losses' activations: the final hidden states and head inputs alive while the objective
-    runs, the input-gradient buffers (text [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
+    """The fused head losses' activations: hidden states and head inputs, input-gradient buffers (text
+    [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
     h, c = config.hidden_size, config.num_codebooks
     inputs = (seq_len + rows.text + c * rows.image) * h * a
     grad_inputs = (rows.text + c * rows.image) * h * a

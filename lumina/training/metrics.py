@@ -1,5 +1,4 @@
-"""Token accuracies as torchmetrics: one text metric and one per image codebook, micro-averaged (every
-supervised token counts once), synchronised over the data-parallel process group."""
+"""Token accuracies as torchmetrics, micro-averaged, synchronised over the data-parallel process group."""
 
 from __future__ import annotations
 
