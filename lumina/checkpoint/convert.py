@@ -1,9 +1,5 @@
-"""Convert an HF checkpoint directory between the split and fused expert layouts (and optionally dtype).
-
-Streams: the writer pulls one tensor at a time from memory-mapped source shards, so memory holds one output
-shard. fused -> split reads expert slices straight from the fused tensor; split -> fused assembles one
-layer's fused tensor from its E slices.
-"""
+"""Convert an HF checkpoint directory between the split and fused expert layouts (and optionally dtype),
+streaming from memory-mapped source shards so that memory holds one output shard."""
 
 from __future__ import annotations
 
@@ -24,10 +20,9 @@ from lumina.data.outputs import check_output, staged_output
 def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split",
                        dtype: torch.dtype | str | None = None, max_shard_size: int | str = "5GB",
                        overwrite: bool = False) -> Path:
-    """Rewrite checkpoint `src` (split, fused or mixed) as `layout` in `dst`, validating every key and shape
-    against src's config.json first. dtype None keeps every tensor bit-exact. config.json (with the layout's
-    model_type), tokenizer files and `*.py` are carried over. `dst` is written as `lumina.data.outputs` writes
-    an output: a non-empty one is refused unless `overwrite`, and it appears only once complete."""
+    """Rewrite checkpoint `src` (any expert layout, checked against its config.json) as `layout` in `dst`,
+    with config.json, tokenizer files and `*.py`; dtype None keeps tensors bit-exact. `dst` is written as a
+    `lumina.data.outputs` output: a non-empty one is refused unless `overwrite`; it appears once complete."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     out_dtype, shard_bytes = resolve_dtype(dtype), parse_size(max_shard_size)  # bad arguments fail before writing
@@ -72,8 +67,7 @@ def _write(directory: Path, src: Path, config, sources: dict, expected: dict, en
 
 
 class _OpenFiles:
-    """safe_open handles, opened on demand and closed together after each written shard: a handle maps its
-    whole file, and pages read through it stay resident until it closes."""
+    """safe_open handles, opened on demand and closed after each written shard (their pages stay resident)."""
 
     def __init__(self) -> None:
         self._stack = ExitStack()

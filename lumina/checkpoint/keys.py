@@ -3,10 +3,9 @@
 Split layout (`llada2_moe`, what the official loader accepts):
     model.layers.{i}.mlp.experts.{e}.{gate,up}_proj.weight   [I, H]
     model.layers.{i}.mlp.experts.{e}.down_proj.weight        [H, I]
-Fused layout (`llada2_moe_veomni`, what `LuminaModel.state_dict()` holds; no `.weight` suffix):
+Fused layout (`llada2_moe_veomni`, `LuminaModel.state_dict()`; slice e is expert e's split weight):
     model.layers.{i}.mlp.experts.{gate,up}_proj              [E, I, H]
     model.layers.{i}.mlp.experts.down_proj                   [E, H, I]
-Slice e of a fused tensor is the split weight of expert e.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 LAYOUTS = ("split", "fused")
 MODEL_TYPE_OF_LAYOUT = {"split": "llada2_moe", "fused": "llada2_moe_veomni"}
 
-# Persistent buffers kept in a fixed dtype are declared by their parts: a router's `BUFFER_DTYPES` (the official
-# sigmoid router's fp32 expert_bias) and an image head's `buffer_dtypes` (the channel head's bf16 mask).
 _GATE_BUFFER_RE = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.(\w+)$")
 _SPLIT_RE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_RE = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.(gate_proj|up_proj|down_proj)$")
@@ -59,8 +56,8 @@ def expert_group(key: str) -> str | None:
 
 
 def official_buffer_dtype(key: str) -> torch.dtype | None:
-    """dtype of a persistent buffer in the official model (expert_bias fp32, channel_mask bf16), or of a
-    registered router's buffer; None for parameters."""
+    """The fixed dtype of a persistent buffer (a router's `BUFFER_DTYPES`, an image head's `buffer_dtypes`);
+    None for parameters."""
     gate = _GATE_BUFFER_RE.match(key)
     if gate is not None:
         return _router_buffer_dtypes().get(gate.group(1))
@@ -73,8 +70,7 @@ def official_buffer_dtype(key: str) -> torch.dtype | None:
 
 
 def official_shapes(config: LuminaConfig, layout: str = "fused") -> dict[str, tuple[int, ...]]:
-    """Every key of the official `LLaDA2MoeModelLM` state dict for `config`, with its shape, in the given
-    expert layout. Generated from the config alone: nothing is allocated."""
+    """Every key of the official `LLaDA2MoeModelLM` state dict for `config` -> its shape, in `layout`."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     c = config

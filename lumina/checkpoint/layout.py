@@ -1,8 +1,7 @@
 """Match checkpoint tensors (split, fused or a mix) to the fused state-dict keys a model expects.
 
-Every expected key gets one source: `Whole` (one checkpoint tensor, the key itself) or `Stacked` (the split
-tensors of experts 0..E-1, stacked on dim 0). All problems are collected and raised in one
-`CheckpointMismatchError`, before any weight is read.
+Every expected key gets one source: `Whole` (one checkpoint tensor) or `Stacked` (the split tensors of
+experts 0..E-1, stacked on dim 0).
 """
 
 from __future__ import annotations
@@ -53,11 +52,9 @@ class CheckpointMismatchError(ValueError):
 
 def match_checkpoint(tensors: Mapping[str, TensorInfo], expected: Mapping[str, tuple[int, ...]],
                      where: str) -> dict[str, Source]:
-    """Source of every key of `expected` (fused-layout names -> shapes), in `expected`'s order.
-
-    Fused expert keys may be stored fused or split; storing one both ways, or its split slices in mixed
-    dtypes, is a conflict. Raises CheckpointMismatchError listing all missing, unexpected, mis-shaped and
-    conflicting keys together."""
+    """Source of every key of `expected` (fused-layout names -> shapes), in `expected`'s order. Raises one
+    CheckpointMismatchError listing every missing, unexpected, mis-shaped and conflicting key (an expert
+    tensor stored both fused and split, or split in mixed dtypes), before any weight is read."""
     wholes: dict[str, TensorInfo] = {}
     slices: dict[str, dict[int, str]] = {}
     unexpected: list[str] = []

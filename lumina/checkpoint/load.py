@@ -1,9 +1,5 @@
-"""Stream an HF checkpoint (split, fused or mixed expert layout) into a model, shard by shard.
-
-Tensors still on the meta device are replaced by the checkpoint's (dtype preserved unless `dtype` is given;
-split experts are copied slice by slice into one freshly allocated fused tensor), so loading into a
-meta-initialised model keeps peak memory near one copy of the weights. Tensors that already hold data are
-filled in place and keep their dtype and device.
+"""Stream an HF checkpoint (any expert layout) into a model, shard by shard: meta tensors are replaced by the
+checkpoint's, so peak memory stays near one copy of the weights; tensors holding data are filled in place.
 """
 
 from __future__ import annotations
@@ -49,13 +45,9 @@ class _Slot:
 
 def load_hf_state_dict_into(model: nn.Module, path: str | Path, *, dtype: torch.dtype | str | None = None,
                             device: torch.device | str | None = None) -> nn.Module:
-    """Load checkpoint directory `path` into `model` (meta-initialised or materialised); returns `model`.
-
-    Keys and shapes are checked against `model.state_dict()` first; every missing, unexpected, mis-shaped or
-    conflicting key is reported in one CheckpointMismatchError. Meta tensors become checkpoint tensors on
-    `device` (default cpu; parameters cast to `dtype` when given; buffers keep expert_bias fp32 / channel_mask
-    bf16). Materialised tensors are filled in place; a given `dtype` / `device` must then agree with them.
-    Non-persistent buffers are not in the checkpoint and are left as they are (see `materialise_leftovers`)."""
+    """Load checkpoint directory `path` into `model` (keys and shapes checked first); returns `model`. Meta
+    tensors become checkpoint tensors on `device` (cpu), parameters cast to `dtype` if given; tensors holding
+    data are filled in place and must agree with a given dtype / device. Non-persistent buffers stay."""
     out_dtype = resolve_dtype(dtype)
     checkpoint = HFCheckpoint(path)
     expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}
@@ -116,9 +108,7 @@ def _place(slot: _Slot, value: torch.Tensor, expert: int | None, shape: tuple[in
 
 
 def materialise_leftovers(model: nn.Module, device: torch.device | str = "cpu") -> None:
-    """Allocate and re-initialise tensors still on meta after loading (non-persistent buffers such as
-    rotary `inv_freq`) with their module's own `reset_parameters()`. A module that also owns loaded state
-    is refused, since resetting it would overwrite the checkpoint's values."""
+    """`reset_parameters()` the modules owning tensors still on meta (not for modules with loaded ones)."""
     persistent = set(model.state_dict().keys())
     for name, module in model.named_modules():
         own = {**module._parameters, **module._buffers}
@@ -138,9 +128,7 @@ def materialise_leftovers(model: nn.Module, device: torch.device | str = "cpu") 
 
 def load_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None, device: torch.device | str = "cpu",
                     **config_overrides: Any) -> LuminaModel:
-    """Build `LuminaModel(LuminaConfig.from_hf(path/config.json, **config_overrides))` on the meta device,
-    stream the checkpoint into it, then rebuild the non-persistent buffers. dtype None keeps the checkpoint's
-    dtypes; peak host memory stays near one copy of the weights plus one shard's page cache."""
+    """The `LuminaModel` of `path` (config.json + `config_overrides`), built on meta and streamed in."""
     from lumina.model import LuminaModel  # imported here so that lumina.model may import lumina.checkpoint
 
     config = HFCheckpoint(path).config(**config_overrides)

@@ -13,10 +13,7 @@ from lumina.model.config import LuminaConfig
 
 def build_model(config: LuminaConfig, init_from: str | Path | None = None, meta_init: bool = False,
                 device: torch.device | str = "cpu") -> nn.Module:
-    """init_from: an HF directory; the model is built on the meta device and the checkpoint streamed in
-    (parameters in the current default dtype, so fp32 master weights unless the precision is "-true").
-    meta_init: build on meta, then allocate on `device` and run every module's `reset_parameters()` (LuminaModel.init_weights).
-    Otherwise build directly (on the default device of the caller's context)."""
+    """init_from: an HF directory streamed into a model built on meta; meta_init: initialised after meta."""
     from lumina.model import LuminaModel
 
     if init_from is not None:

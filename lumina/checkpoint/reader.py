@@ -1,8 +1,5 @@
-"""`HFCheckpoint`: the tensor headers of an HF checkpoint directory, read without loading any weights.
-
-A directory holds `config.json` and either one `model.safetensors` or shards listed by
-`model.safetensors.index.json` (`weight_map`: key -> shard file name).
-"""
+"""`HFCheckpoint`: the tensor headers of an HF checkpoint directory (`config.json` and one `model.safetensors`
+or shards listed by `model.safetensors.index.json`), read without loading any weights."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ SAFETENSORS_DTYPES = {
 
 @contextmanager
 def open_shard(file: Path) -> Iterator[Any]:
-    """`safe_open` of one weight file (torch tensors); a file that is no complete safetensors file (truncated,
-    corrupt) raises ValueError naming it, on opening or on reading a tensor."""
+    """`safe_open` of one weight file; a truncated or corrupt file raises ValueError naming it."""
     try:
         with safe_open(file, framework="pt") as handle:
             yield handle
@@ -49,8 +45,7 @@ class TensorInfo:
 
 
 class HFCheckpoint:
-    """Headers of every tensor in an HF safetensors directory. `tensors` maps checkpoint key -> TensorInfo,
-    `files` lists the weight files in index order. Index/file disagreements raise ValueError naming them."""
+    """`tensors`: key -> TensorInfo; `files`: weight files in index order; inconsistency: ValueError."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)

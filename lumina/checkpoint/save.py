@@ -65,11 +65,9 @@ def save_pretrained(model: nn.Module | Mapping[str, torch.Tensor], directory: st
                     config: LuminaConfig | None = None, layout: str = "split",
                     dtype: torch.dtype | str | None = None, max_shard_size: int | str = "5GB",
                     source_dir: str | Path | None = None, overwrite: bool = False) -> Path:
-    """Write `model` (a LuminaModel, or its fused-layout state dict plus `config`) to `directory`.
-
-    layout "split" (default; `model_type: llada2_moe`, what the official loader accepts) or "fused"
-    (`llada2_moe_veomni`). dtype None keeps every tensor bit-exact; a dtype casts parameters only (expert_bias
-    stays fp32, channel_mask bf16). Tokenizer and `*.py` files of `source_dir` are copied beside the weights."""
+    """Write `model` (a LuminaModel, or its fused-layout state dict plus `config`) to `directory` in `layout`
+    ("split": what the official loader accepts, or "fused"). dtype None keeps tensors bit-exact; a dtype casts
+    parameters only. Tokenizer and `*.py` files of `source_dir` are copied beside the weights."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     out_dtype, shard_bytes = resolve_dtype(dtype), parse_size(max_shard_size)  # bad arguments fail before writing

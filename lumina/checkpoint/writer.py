@@ -1,17 +1,15 @@
-"""Write an export plan as sharded safetensors + `model.safetensors.index.json`.
-
-A plan is a list of `PlannedTensor` (name, shape, dtype, and a function that produces the tensor). Shards are
-assigned from shapes alone, so file names (`model-00001-of-0000N.safetensors`) are final when written, and
-only one shard's tensors are in memory at a time.
-"""
+"""Write an export plan (`PlannedTensor`s) as sharded safetensors + `model.safetensors.index.json`. Shards
+are assigned from shapes alone, so only one shard's tensors are in memory at a time."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,10 +40,7 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def parse_size(size: int | str) -> int:
@@ -63,8 +58,7 @@ def parse_size(size: int | str) -> int:
 
 
 def export_dtype(model_key: str, source: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """dtype=None keeps `source`; otherwise parameters become `dtype` and the persistent buffers take their
-    official dtype (expert_bias fp32, channel_mask bf16)."""
+    """dtype=None keeps `source`; else parameters become `dtype`, persistent buffers their official dtype."""
     if dtype is None:
         return source
     return official_buffer_dtype(model_key) or dtype
@@ -73,10 +67,8 @@ def export_dtype(model_key: str, source: torch.dtype, dtype: torch.dtype | None)
 def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
                 fetch: Callable[[str, int | None], torch.Tensor], layout: str,
                 dtype: torch.dtype | None) -> list[PlannedTensor]:
-    """Plan the export of fused-layout model tensors `entries` (key, shape, dtype) in `layout`.
-
-    `fetch(key, None)` returns the whole tensor, `fetch(key, e)` slice e of a fused expert tensor. In the
-    split layout each layer's experts are written expert-major (expert 0 gate/up/down, expert 1, ...)."""
+    """Plan fused-layout tensors `entries` (key, shape, dtype) for `layout` (split: expert-major order).
+    `fetch(key, None)` returns the whole tensor, `fetch(key, e)` slice e of a fused expert tensor."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     entries = list(entries)
@@ -88,7 +80,7 @@ def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
     for key, shape, source_dtype in entries:
         out_dtype = export_dtype(key, source_dtype, dtype)
         if layout == "fused" or not is_fused_expert_key(key):
-            plan.append(PlannedTensor(key, tuple(shape), out_dtype, _bind(fetch, key, None)))
+            plan.append(PlannedTensor(key, tuple(shape), out_dtype, partial(fetch, key, None)))
             continue
         group = groups.pop(expert_group(key), None)
         if group is None:  # already emitted with the first key of its layer
@@ -100,17 +92,13 @@ def export_plan(entries: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
         for e in range(num_experts):
             for member_key, member_shape, member_dtype in group:
                 plan.append(PlannedTensor(split_expert_key(member_key, e), tuple(member_shape[1:]),
-                                          export_dtype(member_key, member_dtype, dtype), _bind(fetch, member_key, e)))
+                                          export_dtype(member_key, member_dtype, dtype),
+                                          partial(fetch, member_key, e)))
     return plan
 
 
-def _bind(fetch: Callable[[str, int | None], torch.Tensor], key: str, expert: int | None) -> Callable[[], torch.Tensor]:
-    return lambda: fetch(key, expert)
-
-
 def assign_shards(plan: list[PlannedTensor], max_shard_size: int) -> list[list[PlannedTensor]]:
-    """Fill shards in plan order; a new shard starts when the next tensor would pass `max_shard_size`
-    (a tensor larger than the limit gets a shard of its own)."""
+    """Fill shards in plan order, a new one when the next tensor would pass `max_shard_size`."""
     shards: list[list[PlannedTensor]] = [[]]
     size = 0
     for item in plan:
@@ -137,9 +125,7 @@ def prepare_directory(directory: str | Path, overwrite: bool) -> Path:
 
 def write_shards(directory: str | Path, plan: list[PlannedTensor], max_shard_size: int | str,
                  after_shard: Callable[[], None] | None = None) -> dict:
-    """Write `plan` as `model-0000i-of-0000N.safetensors` + index into an existing directory; returns the
-    index dict. Every tensor is checked against its planned shape. `after_shard()` runs after each shard
-    is written (e.g. to release source files)."""
+    """Write `plan` as `model-0000i-of-0000N.safetensors` + index; `after_shard()` runs after each shard."""
     directory = Path(directory)
     if not plan:
         raise ValueError("export plan is empty: nothing to write")

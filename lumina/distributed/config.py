@@ -17,20 +17,18 @@ REMOVED = {
 
 @dataclass
 class ParallelConfig:
-    """world = replicate * shard ranks; the parameters are sharded over all of them.
+    """world = replicate * shard ranks.
 
     replicate:  HSDP replicas (outer dim of both meshes); 1 = plain FSDP.
     shard:      FSDP shard size of the dense parameters; "auto" = world // replicate.
-    ep:         expert-parallel size (divides `shard` and num_experts); the experts of a layer are split over
-                the ep ranks and further FSDP-sharded over the remaining shard // ep ("expert fsdp") ranks.
+    ep:         expert-parallel size (divides `shard` and num_experts); experts are split over the ep ranks,
+                FSDP-sharded over the remaining shard // ep ("expert fsdp") ranks.
     sp:         sequence-parallel size (divides the world and num_attention_heads): `sp` consecutive ranks share
-                one pack, each holding S/sp of its rows (Ulysses all-to-all around attention); the data-
-                parallel size is world // sp.
-    param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = keep fp32 compute). When set,
-                the trainer must run "32-true" precision (no Lightning autocast on top).
-    participation_check: before backward, ranks compare which conditional modules joined the graph and
-                raise naming the modules and ranks on a mismatch.
-    timeout_s:  process-group timeout: a dead or diverged rank ends the job with an error after this long.
+                one pack, each holding S/sp of its rows; the data-parallel size is world // sp.
+    param_dtype / reduce_dtype: FSDP2 MixedPrecisionPolicy (null param_dtype = fp32 compute; trainer
+                precision stays "32-true").
+    participation_check: before backward, raise when ranks disagree on which conditional modules ran.
+    timeout_s:  process-group timeout: after it a dead or diverged rank ends the job with an error.
     """
 
     replicate: int = 1

@@ -1,7 +1,5 @@
-"""Read the weights of a Lightning distributed (DCP) checkpoint into a plain, unsharded model.
-
-The checkpoint stores global tensors (experts as [E, ...] DTensors), so any layout can read it: another
-EP / FSDP size through the strategy's own resume, or one process here (no process group needed)."""
+"""Read the weights of a Lightning distributed (DCP) checkpoint, which stores global tensors, into a plain,
+unsharded model in one process."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from torch import nn
 
 
 def load_dcp_weights(model: nn.Module, path: str | Path, prefix: str = "model.") -> nn.Module:
-    """Fill `model`'s persistent parameters and buffers in place from checkpoint directory `path`, whose
-    `state_dict` entry holds them under `prefix` (the LightningModule attribute the model lives in)."""
+    """Fill `model`'s persistent tensors in place from DCP directory `path` (`state_dict`, under `prefix`)."""
     state = {f"{prefix}{key}": tensor for key, tensor in model.state_dict().items()}
     dcp.load({"state_dict": state}, checkpoint_id=str(path))
     return model

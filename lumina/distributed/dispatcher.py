@@ -1,11 +1,8 @@
-"""`AllToAllDispatcher`: the expert-parallel implementation of the model's MoE dispatcher seam
-(`lumina.model.dispatch.MoEDispatcher`).
+"""`AllToAllDispatcher`: the expert-parallel `lumina.model.dispatch.MoEDispatcher`.
 
-run_experts: the T*k routed copies are gathered sorted by global expert id (experts of ep rank r are
-[r*E_local, (r+1)*E_local)), the per-expert counts are exchanged (one small all-to-all), the split sizes are
-read to the host (the one host sync of the layer), the rows are all-to-all'd to the ranks owning their
-experts and regrouped by local expert for the experts' grouped SwiGLU (`lumina.model.experts.grouped_swiglu`);
-then the exact inverse (regroup, all-to-all back) and the fp32 weighted sum over the k slots
+run_experts sorts the T*k routed copies by global expert id (ep rank r owns [r*E_local, (r+1)*E_local)),
+exchanges the per-expert counts (the layer's one host sync), all-to-alls the rows to their experts' ranks,
+regroups them by local expert, runs the experts and undoes every step, then sums the k slots in fp32
 (`combine_copies`). Every step is differentiable.
 """
 
@@ -30,8 +27,8 @@ class AllToAllDispatcher:
         self.num_local = experts_per_rank(num_experts, self.ep)
 
     def splits(self, counts: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
-        """counts int64 [E]: copies this rank sends to each expert -> (received [ep * E_local]: from rank r for
-        local expert j at r*E_local + j; send splits; receive splits per rank). The one host sync."""
+        """counts int64 [E] sent to each expert -> (received [ep * E_local], from rank r for local expert j at
+        r*E_local + j; send splits; receive splits). The one host sync."""
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=self.group)
         splits = torch.stack([counts.view(self.ep, self.num_local).sum(1),

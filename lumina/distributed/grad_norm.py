@@ -1,8 +1,5 @@
-"""Gradient norm and clipping across meshes: dense gradients live on the dense mesh, expert gradients on the
-sparse mesh, so `torch.nn.utils.clip_grad_norm_` (which stacks per-tensor norms) cannot combine them.
-
-Per (mesh, placements) group the squared local shards are summed and reduced once over the mesh dims that
-are not Replicate (replicated dims are not double counted); the groups' sums plus any plain tensors' give the norm."""
+"""Gradient norm and clipping across the dense and sparse meshes, which `torch.nn.utils.clip_grad_norm_`
+cannot combine: per (mesh, placements) group the squared local shards are summed and reduced once."""
 
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ def total_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32)
     for (mesh, placements), grads in groups.items():
         local = torch.stack([g.to_local().float().pow(2).sum() for g in grads]).sum()
-        # every non-replicated dim splits the tensor (Shard, and FSDP2's _StridedShard on the expert-fsdp dim of
-        # an ep-sharded tensor, which is no Shard subclass: is_shard() is False for it)
+        # every non-replicated dim splits it (also FSDP2's _StridedShard, for which is_shard() is False)
         reduce_as = [Replicate() if p.is_replicate() else Partial() for p in placements]
         total = total.to(local.device) + DTensor.from_local(local, mesh, reduce_as, run_check=False).full_tensor()
     for grad in plain:

@@ -1,9 +1,7 @@
 """HF checkpoints and a sharded model: load straight into the local shards, export consolidated weights.
 
-`load_hf_sharded` reads, for every state-dict key, only the slice this rank holds (safetensors slicing; for
-a fused expert tensor stored split, only the split tensors of the local experts), so a meta-initialised,
-sharded model never holds a full copy. `export_hf` gathers the full state dict (a collective: every rank
-calls it) and rank 0 writes the official split layout with `lumina.checkpoint.save_pretrained`.
+`load_hf_sharded` reads only the slice of each tensor this rank holds, so a sharded model never holds a full
+copy; `full_state_dict` gathers the consolidated weights (what the HF export writes).
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors import safe_open
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -21,7 +18,6 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from lumina.checkpoint.layout import Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint
-from lumina.checkpoint.save import save_pretrained
 
 
 def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
@@ -37,9 +33,8 @@ def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
 
 @torch.no_grad()
 def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
-    """Fill every persistent parameter/buffer of a (sharded or plain) model from HF directory `path`
-    (split, fused or mixed layout); values are cast to each tensor's dtype. Key/shape problems raise
-    CheckpointMismatchError before anything is read."""
+    """Fill every persistent tensor of a (sharded or plain) model from HF directory `path` (any expert
+    layout), cast to each tensor's dtype. Key/shape problems raise CheckpointMismatchError before any read."""
     checkpoint = HFCheckpoint(path)
     state = model.state_dict()
     expected = {key: tuple(t.shape) for key, t in state.items()}
@@ -63,20 +58,8 @@ def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
 
 
 def full_state_dict(model: nn.Module, all_ranks: bool = False) -> dict[str, torch.Tensor]:
-    """The consolidated state dict on CPU (a collective over the model's meshes). Only rank 0 receives it
-    (others get an empty dict) unless `all_ranks`, which first gathers on the device on every rank."""
+    """The consolidated state dict on CPU (a collective): rank 0 only (others: {}) unless `all_ranks`."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
     state = get_model_state_dict(model, options=options)
     # copies: unsharded tensors (buffers such as expert_bias) come back as the live tensors themselves
     return {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
-
-
-def export_hf(model: nn.Module, directory: str | Path, *, layout: str = "split", dtype: str | None = None,
-              max_shard_size: str = "5GB", source_dir: str | Path | None = None) -> Path | None:
-    """Every rank gathers; rank 0 writes `directory` (returned there, None elsewhere)."""
-    state = full_state_dict(model)
-    is_zero = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-    if not is_zero:
-        return None
-    return save_pretrained(state, directory, config=model.config, layout=layout, dtype=dtype,
-                           max_shard_size=max_shard_size, source_dir=source_dir, overwrite=True)

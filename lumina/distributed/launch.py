@@ -1,12 +1,4 @@
-"""Launching lumina-train as one rank of a distributed job (torchrun, SLURM srun, submitit).
-
-`rank_overrides` is applied by the CLI before Hydra starts: in a multi-process job every rank must be told
-the same `hydra.run.dir` (Hydra's default contains the launch time, which differs between ranks), Hydra
-multirun is refused (sweeps of distributed jobs go through the submitit launcher, one job per point), and
-only rank 0 writes Hydra's run artefacts (`.hydra/` and the job log). `cluster_environment` resolves the
-submitit / Lightning clash over SLURM preemption: under submitit, submitit handles the signal and requeues
-(the run resumes from `ckpt_path=last` in the same run directory), so Lightning's own auto-requeue is off.
-"""
+"""Launching lumina-train as one rank of a distributed job (torchrun, SLURM srun, submitit)."""
 
 from __future__ import annotations
 
@@ -26,8 +18,8 @@ def launch_world_size(env: Mapping[str, str] = os.environ) -> int:
 
 
 def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> list[str]:
-    """Extra Hydra overrides for this process (empty for a single-process run). Raises ValueError for a
-    multi-process launch without a pinned run directory or with --multirun."""
+    """Extra Hydra overrides for this rank (only rank 0 writes Hydra's artefacts), applied before Hydra runs.
+    ValueError without a pinned `hydra.run.dir` or with --multirun (sweep with the submitit launcher)."""
     if launch_world_size(env) <= 1:
         return []
     if any(arg in ("-m", "--multirun") or arg.startswith("hydra.mode=MULTIRUN") for arg in argv):
@@ -44,7 +36,7 @@ def rank_overrides(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> 
 
 
 def cluster_environment(env: Mapping[str, str] = os.environ) -> ClusterEnvironment | None:
-    """SLURM without Lightning's requeue handler under submitit; None = let Lightning detect it."""
+    """SLURM without Lightning's requeue handler under submitit (submitit requeues); None: autodetect."""
     if "SUBMITIT_EXECUTOR" in env and SLURMEnvironment.detect():
         return SLURMEnvironment(auto_requeue=False)
     return None

@@ -1,9 +1,8 @@
 """The device meshes: dense (replicate x shard), sparse (replicate x expert_fsdp x ep, ep innermost) and, with
 sequence parallelism, sequence (dp x sp, sp innermost).
 
-All span the same ranks in the same order; rank r sits at dense coordinate (r // S, r % S) and sparse
-coordinate (r // S, (r % S) // ep, r % ep), so an expert-parallel group is `ep` consecutive ranks inside
-one dense shard group; a sequence-parallel group is `sp` consecutive ranks (data-parallel rank r // sp)."""
+An expert-parallel group is `ep` consecutive ranks inside one dense shard group; a sequence-parallel group
+is `sp` consecutive ranks (data-parallel rank r // sp)."""
 
 from __future__ import annotations
 
@@ -26,20 +25,13 @@ class Meshes:
     sizes: ResolvedSizes
     sequence: DeviceMesh | None = None  # [dp, sp] when sp > 1
 
-    @property
-    def ep(self) -> DeviceMesh:
-        return self.sparse["ep"]
-
 
 _CACHE: dict[tuple, Meshes] = {}
 _SEQUENCE_CACHE: dict[tuple, DeviceMesh] = {}
 
 
 def build_meshes(sizes: ResolvedSizes, device_type: str) -> Meshes:
-    """Create the meshes (a collective: every rank must call it with the same sizes). Dense and sparse meshes
-    are cached per (their sizes, device type) and process group, the sequence mesh per (dp, sp): DTensor
-    canonicalises equal meshes, and FSDP2 requires a parameter's mesh to be the very object it shards over,
-    whatever the sequence-parallel size."""
+    """Create the meshes (a collective), cached: FSDP2 needs a parameter's very mesh object."""
     key = (sizes.replicate, sizes.shard, sizes.expert_fsdp, sizes.ep, device_type)
     if not (key in _CACHE and _CACHE[key].dense.get_group("shard") is not None and _alive(_CACHE[key])):
         dense = init_device_mesh(device_type, (sizes.replicate, sizes.shard), mesh_dim_names=DENSE_DIMS)

@@ -1,44 +1,30 @@
 """`parallelize`: apply the expert-parallel plan and FSDP2 to a `LuminaModel`, unit by unit.
 
-Units, in the model's `modules()` order (embedding tables, each decoder layer with its MoE experts first as
-their own FSDP group on the sparse mesh, the heads), then the root. A unit still on the meta device is
-materialised and initialised (`reset_parameters`) just before it is sharded, so peak memory stays near one
-unsharded unit, and the random draws come in the order of a one-device `LuminaModel(config)`: the same seed
-gives the same initial weights under any layout. With sequence parallelism, each layer's attention core
-becomes a `UlyssesAttention` over the sequence-parallel group. Gradients are summed over ranks and divided by the world size in every group (the
-objective scales each rank's loss by world / N_global), so expert gradients, which already sum the tokens of
-every ep rank through the all-to-all, get the same global-token normalisation as the dense ones.
+Units, in `modules()` order: embedding tables, each decoder layer (its experts first, on the sparse mesh),
+the heads, then the root; a unit on meta is initialised just before it is sharded (same seed, same weights
+under any layout). Every group sums gradients and divides by the world size (the objective scales each loss
+by world / N_global), so expert gradients, summed over ep ranks by the all-to-all, match the dense ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import DataParallelMeshDims
 
+from lumina.checkpoint.keys import EXPERT_PROJS
 from lumina.distributed.config import ParallelConfig
 from lumina.distributed.dispatcher import AllToAllDispatcher
 from lumina.distributed.mesh import Meshes
 from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
 from lumina.distributed.sequence import UlyssesAttention
-from lumina.distributed.sharded_experts import PROJECTIONS, shard_experts
+from lumina.distributed.sharded_experts import shard_experts
 from lumina.model.dtypes import float_dtype
 from lumina.model.experts import GroupedExperts
 from lumina.model.moe import MoE
-
-
-@dataclass
-class Parallelized:
-    """What `parallelize` did: the resolved plan and the FSDP units (dense and expert groups)."""
-
-    placements: dict[str, PlanRule]
-    dense_units: list[nn.Module] = field(default_factory=list)
-    expert_units: list[GroupedExperts] = field(default_factory=list)
-    dispatchers: list[object] = field(default_factory=list)
 
 
 def mixed_precision(config: ParallelConfig) -> MixedPrecisionPolicy:
@@ -69,8 +55,7 @@ def _shard(units: nn.Module | list[nn.Module], mesh, mp: MixedPrecisionPolicy, d
 
 
 def check_supported(placements: dict[str, PlanRule], experts: Sequence[str]) -> None:
-    """This implementation places expert tensors on the `ep` mesh dim only; anything else would be ignored,
-    so it raises instead."""
+    """Raise PlanError for a placement other than expert tensors on the `ep` mesh dim (else ignored)."""
     expert_set = set(experts)
     others = [n for n in placements if n not in expert_set]
     if others:
@@ -81,9 +66,8 @@ def check_supported(placements: dict[str, PlanRule], experts: Sequence[str]) -> 
 
 
 def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules: Sequence[PlanRule],
-                device: torch.device) -> Parallelized:
-    """Shard `model` (a LuminaModel, materialised or on meta) in place. Raises PlanError when the plan does
-    not fit the model (before anything is changed)."""
+                device: torch.device) -> None:
+    """Shard LuminaModel `model` in place; PlanError (before any change) when the plan does not fit it."""
     names = [n for n, _ in model.named_parameters()]
     experts = expert_parameter_names(model, (GroupedExperts,))
     placements = resolve_plan(names, rules, experts)
@@ -93,7 +77,6 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
                                   layer.attention.num_kv_heads) for layer in model.model.layers]
         for layer, core in zip(model.model.layers, cores, strict=True):
             layer.attention.core = core
-    result = Parallelized(placements)
     mp = mixed_precision(config)
     world = meshes.sizes.world_size
     ep_group = meshes.sparse.get_group("ep")
@@ -108,22 +91,16 @@ def parallelize(model: nn.Module, meshes: Meshes, config: ParallelConfig, rules:
         if id(unit) not in layers:  # a conditional module: embedding table(s) or head(s)
             members = list(unit) if isinstance(unit, nn.ModuleList) else unit
             _shard(members, meshes.dense, mp, world, meshes.sizes.shard)
-            result.dense_units.append(unit)
             continue
         i, layer = layers[id(unit)]
         if isinstance(layer.mlp, MoE):
             moe = layer.mlp
             prefix = f"model.layers.{i}.mlp.experts."
-            dims = {p: placements[prefix + p].dim for p in PROJECTIONS}
+            dims = {p: placements[prefix + p].dim for p in EXPERT_PROJS}
             sharded = shard_experts(moe.experts, meshes.sparse, "ep", dims)
             if meshes.sizes.ep > 1:
                 moe.dispatcher = AllToAllDispatcher(ep_group, moe.num_experts)
-                result.dispatchers.append(moe.dispatcher)
             _shard(sharded, meshes.sparse, mp, world, meshes.sizes.expert_fsdp, dp_mesh_dims=expert_dims)
-            result.expert_units.append(sharded)
         _shard(layer, meshes.dense, mp, world, meshes.sizes.shard)
-        result.dense_units.append(layer)
     materialise(model, device)
     _shard(model, meshes.dense, mp, world, meshes.sizes.shard)
-    result.dense_units.append(model)
-    return result

@@ -1,10 +1,8 @@
 """Hang proofing: which conditional modules joined this rank's autograd graph, compared across ranks.
 
-FSDP2 reduce-scatters a module's gradients in backward only on the ranks whose graph contains that module;
-a rank whose batch lacked a modality and skipped the module's backward leaves the others waiting in a
-collective that names nothing. `ParticipationTracker` records, per forward, the conditional modules whose
-output requires grad; `check` (before backward) all-gathers the records and, on a mismatch, raises the
-same `ParticipationError` on every rank, naming the modules and the ranks that did and did not take part.
+FSDP2 reduce-scatters a module's gradients only on ranks whose graph contains it, so a rank that skipped a
+modality leaves the others hanging. `ParticipationTracker.check` (before backward) compares the recorded
+modules across ranks and raises the same `ParticipationError` on every rank, naming modules and ranks.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 
 class ParticipationError(RuntimeError):
@@ -33,7 +30,7 @@ def _requires_grad(output: object) -> bool:
 
 
 def tracked_modules(conditional: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """The called modules behind `conditional_modules()`: a ModuleList's members, else the module itself."""
+    """The called modules behind `conditional_modules()`: a ModuleList's members, else the module."""
     out = {}
     for name, module in conditional.items():
         if isinstance(module, nn.ModuleList):
@@ -50,9 +47,9 @@ class ParticipationTracker:
         self.names = list(modules)
         self.joined: set[str] = set()
         self.checks = 0
-        self.handles: list[RemovableHandle] = [root.register_forward_pre_hook(self._reset)]
+        root.register_forward_pre_hook(self._reset)
         for name, module in modules.items():
-            self.handles.append(module.register_forward_hook(self._recorder(name)))
+            module.register_forward_hook(self._recorder(name))
 
     def _reset(self, module: nn.Module, args: object) -> None:
         if not in_backward():
@@ -83,7 +80,3 @@ class ParticipationTracker:
             parts.append(f"{self.names[m]} (joined backward on ranks {took}, absent on ranks {skipped})")
         raise ParticipationError("conditional modules disagree across ranks before backward; FSDP would wait in "
                                  "a collective that never completes: " + "; ".join(parts))
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()

@@ -1,10 +1,7 @@
 """The parallel plan as data: glob patterns over parameter names -> a placement on a named mesh dim.
 
-A rule matches a parameter when its pattern (fnmatch; `*` also crosses dots) matches the parameter's name
-or, for a fused expert tensor `...mlp.experts.<proj>`, that tensor's split-layout name
-`...mlp.experts.<e>.<proj>.weight` (so one plan serves both checkpoint layouts). `resolve_plan` raises when a
-rule matches nothing, when two rules place one parameter differently, or when an expert tensor is left
-unplaced: a plan that silently did not apply is the failure the seed run hit.
+A rule's pattern (fnmatch; `*` also crosses dots) matches a parameter's name or, for a fused expert tensor,
+its split-layout name `...mlp.experts.<e>.<proj>.weight`, so one plan serves both checkpoint layouts.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from fnmatch import fnmatchcase
 
 from torch import nn
 
-from lumina.checkpoint.keys import is_fused_expert_key, split_expert_key
+from lumina.checkpoint.keys import EXPERT_PROJS, is_fused_expert_key, split_expert_key
 
 
 class PlanError(ValueError):
@@ -47,10 +44,9 @@ class PlanRule:
 
 # The official expert-parallel plan: the three expert projections Shard(0) on ep, fused and split key patterns.
 OFFICIAL_PLAN: tuple[PlanRule, ...] = tuple(
-    PlanRule(f"model.layers.*.mlp.experts.{proj}") for proj in ("gate_proj", "up_proj", "down_proj")
-) + tuple(
-    PlanRule(f"model.layers.*.mlp.experts.*.{proj}.weight") for proj in ("gate_proj", "up_proj", "down_proj")
-)
+    PlanRule(pattern.format(proj))
+    for pattern in ("model.layers.*.mlp.experts.{}", "model.layers.*.mlp.experts.*.{}.weight")
+    for proj in EXPERT_PROJS)
 
 
 def parse_plan(entries: Iterable[PlanRule | Mapping | str] | None) -> tuple[PlanRule, ...]:

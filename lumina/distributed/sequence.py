@@ -1,16 +1,10 @@
 """Sequence parallelism (DeepSpeed-Ulysses style): one pack spread over the `sp` consecutive ranks of a group.
 
-Every rank of a group receives the same pack. `SequenceShard.local` pads it to a multiple of sp with invalid
-tail rows and keeps this rank's S/sp consecutive rows (`PackedBatch.window`: the whole pack rides along, so
-the model builds the attention spec of the whole pack once per step). Embeddings, rotary positions, the MoE,
-the heads and the loss all run on the local rows. Only attention needs every row: `UlyssesAttention`,
-installed as each layer's `Attention.core`, exchanges q/k/v with one all-to-all so that each rank holds the
-whole sequence for nh/sp query heads (and the kv heads they read), runs the ordinary attention core on it,
-and exchanges the output back with a second all-to-all.
-
-All-to-all volume per layer and rank (forward; the backward moves the same again):
-    in:  (S/sp) * (nh + 2 * max(nkv, sp)) * hd * (sp - 1)/sp elements sent (and as many received)
-    out: (S/sp) * nh * hd * (sp - 1)/sp elements
+`SequenceShard.local` keeps this rank's S/sp consecutive rows of the group's pack (a `PackedBatch.window`: the
+attention spec is built for the whole pack); all but attention runs on the local rows. `UlyssesAttention`
+(each layer's `Attention.core`) all-to-alls q/k/v so each rank holds all S rows for nh/sp query heads,
+attends, and all-to-alls the output back. Per layer and rank it sends (S/sp) * (nh + 2 max(nkv, sp)) * hd *
+(sp-1)/sp elements in and (S/sp) * nh * hd * (sp-1)/sp out.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """`FSDP2ExpertParallelStrategy`: Lightning's `ModelParallelStrategy` with lumina's meshes, parallel plan,
 expert-parallel dispatcher, FSDP2 units, mesh-aware gradient clipping and hang proofing.
 
-Flow: `setup_environment` starts the process group (with `timeout_s`) and builds both meshes; the
-LightningModule's `configure_model` builds the model (on meta when `materialises_model`); `setup` then
-checks the plan, turns activation checkpointing on (the backbone replays the routers' top-k itself), shards
-unit by unit (materialising meta units as it goes), loads `init_from` straight into the shards, installs the
-participation check, and hands over to Lightning (optimizers, DCP checkpointing). The DataModule deals packs
-over the data-parallel ranks (`distributed_sampler_kwargs`); with sequence parallelism the `sp` ranks of a
-group receive the same pack and `batch_to_device` keeps each rank's window of its rows.
+`setup` shards the model (built on meta by `configure_model` if it likes) with `parallelize`, loads
+`init_from` into the shards and installs the participation check before Lightning takes over. With sequence
+parallelism `batch_to_device` keeps each rank's window of its group's pack.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import full_state_dict, load_hf_sharded
 from lumina.distributed.launch import cluster_environment
 from lumina.distributed.mesh import Meshes, build_meshes
-from lumina.distributed.parallelize import Parallelized, parallelize
+from lumina.distributed.parallelize import parallelize
 from lumina.distributed.participation import ParticipationTracker, tracked_modules
 from lumina.distributed.plan import PlanRule, parse_plan
 from lumina.distributed.sequence import SequenceShard
@@ -41,16 +37,14 @@ log = logging.getLogger(__name__)
 
 
 class MeshAwarePrecision(Precision):
-    """Full-precision plugin ("32-true"; mixed precision is FSDP2's MixedPrecisionPolicy) whose norm clipping
-    handles gradients on several meshes."""
+    """"32-true" precision plugin whose norm clipping handles gradients on several meshes."""
 
     def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: int | float) -> None:
         clip_grad_norm(self.main_params(optimizer), float(clip_val))
 
 
 class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
-    """parallel: a ParallelConfig or its fields as a mapping (Hydra); plan: rules (None = the official
-    expert plan); save_distributed_checkpoint: DCP directory checkpoints (True) or one consolidated file."""
+    """parallel: a ParallelConfig or its fields (Hydra); plan: rules (None = the official expert plan)."""
 
     strategy_name = "fsdp2_ep"
 
@@ -65,7 +59,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
                          process_group_backend=process_group_backend,
                          timeout=timedelta(seconds=self.parallel.timeout_s), **kwargs)
         self.meshes: Meshes | None = None
-        self.parallelized: Parallelized | None = None
         self.participation: ParticipationTracker | None = None
         self.loaded_init_from: str | None = None  # set when `setup` read an HF checkpoint into the shards
         self.sequence_shard: SequenceShard | None = None  # this rank's window of a pack (sp > 1)
@@ -74,7 +67,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         if environment is not None:  # under submitit: submitit owns preemption / requeue
             self.cluster_environment = environment
 
-    # ---- process group and meshes ----
     def setup_environment(self) -> None:
         ParallelStrategy.setup_environment(self)
         self._setup_distributed()
@@ -85,14 +77,13 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        """The data-parallel layout: the sp ranks of a sequence-parallel group share one replica."""
+        """The sp ranks of a sequence-parallel group share one data-parallel replica."""
         sp = self.parallel.sp
         return {"num_replicas": self.world_size // sp, "rank": self.global_rank // sp}
 
     @property
     def dp_process_group(self) -> dist.ProcessGroup | None:
-        """The ranks whose gradients are averaged and whose token counts make the global normalisation: the
-        default (world) group. Sequence-parallel ranks hold disjoint rows, so world sums count each once."""
+        """The group of the global token normalisation: the world (sp ranks hold disjoint rows)."""
         return None
 
     @property
@@ -108,7 +99,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
             batch = self.sequence_shard.local(batch)
         return batch
 
-    # ---- model ----
     def setup(self, trainer: L.Trainer) -> None:
         if type(self.precision_plugin) is not Precision:
             raise ValueError(f"trainer.precision={trainer.precision!r}: {type(self).__name__} needs '32-true' "
@@ -124,13 +114,13 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
             self.parallelize_model(model, init_from=getattr(module, "init_from", None))
         super().setup(trainer)
 
-    def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> Parallelized:
+    def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> None:
         """Shard `model` in place (see module docstring); load `init_from` if the model arrived on meta."""
         assert self.meshes is not None, "setup_environment() must run first"
         on_meta = any(t.is_meta for t in model.parameters())
         cfg = self.parallel
         conditional = tracked_modules(model.conditional_modules())
-        self.parallelized = parallelize(model, self.meshes, cfg, self.rules, self.root_device)
+        parallelize(model, self.meshes, cfg, self.rules, self.root_device)
         if cfg.sp > 1:
             self.sequence_shard = SequenceShard(self.global_rank % cfg.sp, cfg.sp, model.config.pad_token_id)
         if on_meta and init_from is not None:
@@ -138,7 +128,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
             self.loaded_init_from = init_from
         if cfg.participation_check:
             self.participation = ParticipationTracker(model, conditional)
-        return self.parallelized
 
     def _check_run_dirs(self, trainer: L.Trainer) -> None:
         """Every rank must write under the same run directory (pin hydra.run.dir for multi-process runs)."""
@@ -149,7 +138,6 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
                              "hydra.run.dir=<dir> on the command line of every rank")
         log.info(f"all {self.world_size} ranks write under the run directory {dirs[0]}")
 
-    # ---- backward ----
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
         if self.participation is not None:
             self.participation.check()
@@ -158,13 +146,10 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         """Total gradient 2-norm over both meshes (what clipping uses; equal on every rank)."""
         return total_grad_norm(parameters)
 
-    # ---- checkpoints ----
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """DCP resume; the metadata file is unpickled in full unless the caller asks for weights_only (lumina's
-        RNG record in it is described at `lumina.training.module.rng_state`)."""
+        """DCP resume; the metadata file (with lumina's RNG record) is unpickled unless weights_only."""
         return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
 
-    # ---- export ----
     def consolidated_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights on CPU on rank 0, empty elsewhere (a collective: every rank must call it)."""
         return full_state_dict(model)

@@ -78,8 +78,7 @@ def module(cfg: DictConfig) -> LuminaModule:
 
 
 def model_freeze(cfg: DictConfig) -> list[str]:
-    """cfg.model.freeze (default none): a list of parameter-name globs, else ConfigError naming the field (the
-    globs themselves are checked against the model by `lumina.training.freeze`)."""
+    """cfg.model.freeze (default none): a list of parameter-name globs, else ConfigError."""
     value = plain(cfg.model.get("freeze"))
     if value is None:
         return []
@@ -97,29 +96,25 @@ def model_compile(cfg: DictConfig) -> bool:
 
 
 def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
-    """The data module, with its first epoch planned now so that a sample longer than seq_len (or any other
-    data error) surfaces before training starts."""
+    """The data module, its first epoch planned now so that data errors surface before training starts."""
     dm = build_datamodule(plain(cfg.data), model_cfg)
     dm.schedule.plan()
     return dm
 
 
 def callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Every non-null entry of cfg.callbacks; progress bars and model summaries are dropped when the trainer
-    disables them."""
+    """Every non-null entry of cfg.callbacks, less progress bars and model summaries the trainer disables."""
     out = []
-    switched_off = []
-    if not cfg.trainer.get("enable_progress_bar", True):
-        switched_off.append(L.pytorch.callbacks.ProgressBar)
-    if not cfg.trainer.get("enable_model_summary", True):
-        switched_off.append(L.pytorch.callbacks.ModelSummary)
+    switched_off = tuple(kind for key, kind in (("enable_progress_bar", L.pytorch.callbacks.ProgressBar),
+                                                ("enable_model_summary", L.pytorch.callbacks.ModelSummary))
+                         if not cfg.trainer.get(key, True))
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is None:
             continue
         if "_target_" not in node:
             raise ConfigError(f"callbacks.{name}: needs a _target_ (or null to switch it off)")
         callback = hydra.utils.instantiate(node)
-        if not isinstance(callback, tuple(switched_off)):
+        if not isinstance(callback, switched_off):
             out.append(callback)
     return out
 
@@ -138,8 +133,7 @@ def strategy(cfg: DictConfig) -> Any:
 
 
 def trainer(cfg: DictConfig, callback_list: list[L.Callback], logger_list: list) -> L.Trainer:
-    """lightning.Trainer from cfg.trainer (checked by `check_trainer_fields`); what Lightning still refuses is
-    a ConfigError."""
+    """lightning.Trainer from cfg.trainer; what Lightning refuses is a ConfigError."""
     kwargs = plain(cfg.trainer)
     check_trainer_fields(kwargs)
     try:
@@ -151,8 +145,7 @@ def trainer(cfg: DictConfig, callback_list: list[L.Callback], logger_list: list)
 
 
 def resume_path(cfg: DictConfig, callback_list: list[L.Callback]) -> str | None:
-    """cfg.ckpt_path: "last" -> <checkpoint dir>/last.ckpt when it exists (else a fresh start); a path must
-    exist; null -> fresh start."""
+    """cfg.ckpt_path: "last" -> <checkpoint dir>/last.ckpt if it exists; a path must exist; null -> None."""
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path is None:
         return None

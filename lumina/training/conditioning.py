@@ -1,22 +1,9 @@
 """Does the model use its input? Per task, the held-out loss next to a baseline that ignores the input.
 
-The held-out samples of each task (`lumina.generation.own_eval.task_of`) are scored twice, laid out as
-validation lays them out (`layout_eval` at the validation noise level and seed):
-    <task>/loss, <task>/acc              as they are (acc: answer-token accuracy, image codes over codebooks)
-    <task>/loss_ignoring, acc_ignoring   with the input the answer depends on taken away:
-                                           understand, edit: each prompt media replaced by the next
-                                           sample's first media (a derangement within the task)
-                                           t2i: the prompt's text replaced by `<uncondition>` (the prompt of
-                                           classifier-free guidance's CFG dropout)
-    <task>/gain                          loss_ignoring - loss: about 0 for a model that ignores its input
-    <task>/gain/cb<c>                    the same per codebook, for tasks answered by an image (t2i, edit)
-Text-only tasks have no such input and get no baseline. The answer and the sample id stay, so the same
-answer positions are masked. `ConditioningCallback` logs these after every validation as
-`val/<task>/...` (TensorBoard, CSV) and in the run log, and warns when a task's gain stays under
-`min_gain` (relative to loss_ignoring) for `patience` validations in a row, in the total and in every
-codebook: a model that over-fits a few hundred pictures predicts their fine detail (the residual codebooks)
-confidently and wrongly on held-out ones, with or without the prompt, so its total gain falls to 0 while the
-first codebook, the picture's layout, still follows the prompt (and its drawings show the asked class).
+Each task's held-out samples (`task_of`) are scored as they are (`<task>/loss`, `acc`) and without the input
+their answer depends on (`loss_ignoring`, `acc_ignoring`; understand / edit: the next sample's media, t2i:
+`<uncondition>` text). `<task>/gain` = loss_ignoring - loss, about 0 for a model ignoring its input, and per
+codebook `gain/cb<c>`: an over-fitting model loses its total gain while the first codebook still follows.
 """
 
 from __future__ import annotations
@@ -45,7 +32,7 @@ INPUT_OF = {"understand": "image swapped", "edit": "image swapped", "t2i": "prom
 
 
 def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialTokens) -> Sample:
-    """`sample` without the input its answer depends on (module docstring); `other`: the donor sample."""
+    """`sample` without the input its answer depends on; `other`: the donor of the swapped media."""
     *head, user, answer = sample.turns
     if task == "t2i":
         parts: list = [Text([tokens.uncondition])]
@@ -59,9 +46,8 @@ def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialToke
 def pack_scores(model: nn.Module, objective: LuminaObjective, samples: Sequence[Sample], tokens: SpecialTokens,
                 num_codebooks: int, noise: NoiseConfig, seed: int, t: float,
                 seq_len: int) -> tuple[float, float, list[float]]:
-    """(loss, answer-token accuracy, image loss per codebook [C]) of `samples` laid out by `layout_eval`,
-    packed in order into packs of at most `seq_len` tokens (a longer sample is a pack of its own); the packs'
-    losses averaged by `HeldOutLoss`."""
+    """(loss, answer-token accuracy, image loss per codebook [C]) of `samples` laid out by `layout_eval` in
+    packs of at most `seq_len` tokens, averaged by `HeldOutLoss`."""
     device = next(model.parameters()).device
     packs: list[list] = [[]]
     for seq in (layout_eval(s, tokens, noise, seed, t) for s in samples):
@@ -115,10 +101,8 @@ def uses_input(scores: dict[str, float], task: str, min_gain: float) -> bool:
 
 
 class ConditioningCallback(L.Callback):
-    """After each validation, `conditioning_scores` on up to `num_items` held-out samples per task of the
-    datamodule's validation source, a `LayoutSource` (other sources, and sequence parallelism, are skipped
-    with one log line). The samples are read once: every k-th, k = len // (8 num_items) (at least 1). Warns
-    when a task's gain is below `min_gain` x loss_ignoring for `patience` validations in a row."""
+    """Logs `conditioning_scores` (`val/<task>/...`) after each validation on a validation `LayoutSource`, and
+    warns when a task's gain stays below `min_gain` x loss_ignoring for `patience` validations."""
 
     def __init__(self, num_items: int = 16, min_gain: float = 0.02, patience: int = 2) -> None:
         if num_items < 2 or patience < 1 or min_gain < 0:

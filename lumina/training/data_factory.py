@@ -1,8 +1,6 @@
 """`build_datamodule`: the LuminaDataModule a training config asks for (built-in world and/or Parquet shards,
-one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json's
-special tokens. Parquet shards that record their tokenizers (`lumina.data.assets`) give the data module those
-tokenizers, which the HF export copies; their visual tokenizer must code exactly the model's C x K codes.
-`data.pad_id` / `data.num_codebooks` null: the data's own."""
+one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json.
+Tokenizers the shards record (`lumina.data.assets`) go to the data module, which the HF export copies."""
 
 from __future__ import annotations
 
@@ -20,18 +18,14 @@ from lumina.data.special_tokens import SpecialTokens
 from lumina.model.config import LuminaConfig
 from lumina.training.errors import ConfigError
 
-# Keys of the data group that lumina-train reads itself (not DataConfig fields).
-TRAINER_DATA_KEYS = ("tokenizer",)
 WORLD_OPTIONS = ("num_samples", "val_samples", "seed", "mix")
 log = logging.getLogger(__name__)
 
 
 def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataModule:
-    """data: the plain `cfg.data` mapping. Each source: `path: null` is the built-in world (options
-    num_samples, val_samples, seed, mix), a path is Parquet shards (options val_path) or a dataset root
-    holding train/ and val/ (or validation/) shards. One source is laid
-    out as is; several form a weighted mixture (`MixtureSource`, `samples_per_epoch` slots per epoch, the
-    realised proportions logged every epoch) validated on the concatenation of their held-out sets."""
+    """data: the plain `cfg.data` mapping. A source with `path: null` is the built-in world, a path is Parquet
+    shards or a dataset root (train/ and val/ or validation/). Several sources form a weighted mixture
+    (`samples_per_epoch` slots per epoch) validated on the concatenation of their held-out sets."""
     data = dict(data)
     tokenizer = data.pop("tokenizer", None)
     config = DataConfig(**data)
@@ -94,9 +88,8 @@ PARQUET_OPTIONS = ("val_path", "cache_row_groups", "read_attempts")
 
 
 def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens | None, index: int = 0):
-    """Train (and held-out) Parquet datasets; a path is local or a fsspec URL (`s3://bucket/prefix`, the
-    store's endpoint and credentials from the environment). options: val_path, cache_row_groups (row groups
-    a process keeps decoded, default 16), read_attempts (tries of a store read before the step fails, 4)."""
+    """Train (and held-out) Parquet datasets at a local path or fsspec URL. options: val_path,
+    cache_row_groups (row groups kept decoded, 16), read_attempts (tries of a store read, 4)."""
     from lumina.data.fs import Retry, is_url
     from lumina.data.storage import ParquetSampleDataset
 
@@ -120,8 +113,7 @@ def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens
 
 
 def root_splits(path: str, options: dict[str, Any], index: int) -> tuple[str, dict[str, Any]]:
-    """A dataset root (`lumina.data.roots`: train/ + val/ or validation/) -> its train path and val_path, said
-    on the log; any other path as given."""
+    """A dataset root (`lumina.data.roots`) -> its train path and val_path; any other path as given."""
     from lumina.data.roots import dataset_root
 
     try:
@@ -145,8 +137,7 @@ def resolve_from_data(config: DataConfig, found: SpecialTokens) -> DataConfig:
 
 
 def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetAssets | None) -> DatasetAssets:
-    """The tokenizers source `index` records: the same in its held-out shards and in earlier sources, and a
-    visual tokenizer with the model's num_codebooks and codebook_size."""
+    """The tokenizers source `index` records, checked against its held-out split, earlier sources, model."""
     from lumina.data.tokenizers.visual import check_fits_model
 
     found = train.assets
@@ -187,17 +178,15 @@ def check_tokens(found: SpecialTokens, config: DataConfig, model: LuminaConfig,
         raise ConfigError(f"data.tokenizer: the data's special tokens differ from the tokenizer's ({'; '.join(diffs)})")
     if config.pad_id != found.pad:
         raise ConfigError(f"data.pad_id={config.pad_id}: the data's pad token is {found.pad}")
-    pairs = [
-        ("num_codebooks", found.num_codebooks, model.num_codebooks, "=="),
-        ("data.num_codebooks", config.num_codebooks, model.num_codebooks, "=="),
-        ("text_vocab_size", found.text_vocab_size, model.vocab_size, "<="),
-        ("codebook_size", found.codebook_size, model.codebook_size, "<="),
-        ("image_vocab_size", found.image_vocab_size, model.image_vocab_size, "<="),
+    pairs = [  # (the data's name, its value, the model's field, rule)
+        ("num_codebooks", found.num_codebooks, "num_codebooks", "=="),
+        ("data.num_codebooks", config.num_codebooks, "num_codebooks", "=="),
+        ("text_vocab_size", found.text_vocab_size, "vocab_size", "<="),
+        ("codebook_size", found.codebook_size, "codebook_size", "<="),
+        ("image_vocab_size", found.image_vocab_size, "image_vocab_size", "<="),
     ]
-    for name, data_value, model_value, rule in pairs:
-        ok = data_value == model_value if rule == "==" else data_value <= model_value
-        if not ok:
-            field = "num_codebooks" if "num_codebooks" in name else {
-                "text_vocab_size": "vocab_size"}.get(name, name)
+    for name, data_value, field, rule in pairs:
+        model_value = getattr(model, field)
+        if not (data_value == model_value if rule == "==" else data_value <= model_value):
             raise ConfigError(f"model.config.{field}={model_value}: incompatible with the data's {name}="
                               f"{data_value} (must be {rule} it)")

@@ -4,5 +4,4 @@ from __future__ import annotations
 
 
 class ConfigError(ValueError):
-    """Raised for configuration mistakes the user can fix by changing an override; the message names the
-    field and its value."""
+    """A configuration mistake the user fixes with an override; the message names the field and value."""

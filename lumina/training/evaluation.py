@@ -1,10 +1,6 @@
 """`GenerationEvalCallback`: every N optimizer steps and at the end of training, generate on the built-in
-world's held-out split and log what the model can do (understanding / text QA accuracy, text-to-image and
-editing correctness, each with its chance level) plus a sample grid image.
-
-Every rank runs the evaluation (its share of the items; the samplers keep FSDP2 / expert-parallel ranks in
-lockstep); rank 0 writes `<dirpath>/step<N>.png` and `<dirpath>/step<N>.json` and logs to every logger.
-"""
+world's held-out split (`evaluate_world`, on every rank) and log the scores and a sample grid; rank 0 writes
+`<dirpath>/step<N>.png` and `.json`."""
 
 from __future__ import annotations
 
@@ -48,7 +44,6 @@ class GenerationEvalCallback(L.Callback):
                                            guidance=guidance))
         self._eval_set: WorldEvalSet | None = None
         self._last_step = -1
-        self.history: list[tuple[int, dict[str, float]]] = []  # (step, metrics) of every evaluation
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
@@ -72,7 +67,6 @@ class GenerationEvalCallback(L.Callback):
             result = evaluate_world(model, self._eval_set, self.config)
         finally:
             model.train(was_training)
-        self.history.append((step, result.metrics))
         if trainer.is_global_zero:
             self._write(step, result, trainer)
         return result

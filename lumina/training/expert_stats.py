@@ -7,14 +7,8 @@ import torch
 
 
 def load_stats(load: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-layer balance statistics of a token-count matrix.
-
-    load: [L, E] tokens routed to each expert of each MoE layer (any numeric dtype).
-    Returns [L] float64 tensors:
-        max_over_mean  max_e load / mean_e load (1 = perfectly even; 0 for a layer that saw no token)
-        cv             std_e load / mean_e load, population std (0 for a layer that saw no token)
-        dead           number of experts that received no token
-    """
+    """Per-layer balance of load [L, E] (tokens routed to each expert) as [L] float64 tensors: max_over_mean
+    (1 = even), cv (population std / mean), both 0 for a layer without tokens, and dead (experts without)."""
     if load.dim() != 2:
         raise ValueError(f"load must have shape [L, E], got {list(load.shape)}")
     x = load.detach().to(torch.float64).cpu()
@@ -27,8 +21,7 @@ def load_stats(load: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def draw_heatmap(load: torch.Tensor, first_layer: int = 0, title: str = "expert load"):
-    """A matplotlib Figure of the [L, E] load, each row as a share of that layer's tokens (rows sum to 1).
-    Row labels are absolute layer indices starting at `first_layer`."""
+    """A matplotlib Figure of the [L, E] load as shares of each layer's tokens (rows from `first_layer`)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)

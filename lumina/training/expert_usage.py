@@ -1,11 +1,8 @@
 """`ExpertUsageCallback`: how evenly the routers use their experts.
 
-Every optimizer step it logs, per MoE layer (`experts/layer{i}/...`), max/mean load, the coefficient of
-variation and the number of dead experts (no token in that step); overall, `experts/max_over_mean` and
-`experts/cv` are the means over the MoE layers and `experts/dead` the dead experts of all MoE layers together
-(out of num_moe_layers x E). Every `heatmap_every_n_steps` it sums the
-counts of the window over the data-parallel ranks (all ranks join the reduction), and rank 0 draws a
-layer x expert heatmap to TensorBoard or Weights & Biases and to `heatmap_path` (PNG)."""
+Every optimizer step it logs `load_stats` per MoE layer (`experts/layer{i}/...`), their means over the layers
+and the dead experts of all layers together (`experts/dead`). Every `heatmap_every_n_steps` rank 0 draws the
+window's rank-summed counts as a layer x expert heatmap to TensorBoard / W&B and to `heatmap_path` (PNG)."""
 
 from __future__ import annotations
 

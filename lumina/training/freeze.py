@@ -11,9 +11,8 @@ from lumina.training.errors import ConfigError
 
 
 def freeze_parameters(model: nn.Module, globs: Sequence[str]) -> list[str]:
-    """Set requires_grad=False on every parameter whose name matches one of `globs` (fnmatch, e.g.
-    "model.word_embeddings.*" or "*.mlp.gate.weight"). Returns the frozen names. A glob that matches
-    nothing is an error (a typo would otherwise silently train everything)."""
+    """Set requires_grad=False on every parameter matching one of `globs` (fnmatch, e.g. "*.mlp.gate.weight");
+    returns the frozen names. A glob matching nothing is a ConfigError."""
     names = [name for name, _ in model.named_parameters()]
     frozen: set[str] = set()
     for pattern in globs:

@@ -1,7 +1,6 @@
-"""`HFExportCallback`: at the end of training, rank 0 writes the weights as an HF checkpoint directory
-(safetensors + config.json, plus the tokenizer files of the source checkpoint and those the training data
-records: tokenizer.json, visual_tokenizer/). layout "auto" writes the official split layout, or lumina's fused
-layout when the model uses a part the released model does not (`lumina.checkpoint.official_parts`)."""
+"""`HFExportCallback`: at the end of training, rank 0 writes an HF checkpoint directory (safetensors,
+config.json and the tokenizers of the source checkpoint and the data). layout "auto": the official split
+layout, or the fused one when the model uses a part the released model lacks (`unofficial_parts`)."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ class HFExportCallback(L.Callback):
             if parts:
                 rank_zero_info(f"HF export in lumina's fused layout: {', '.join(parts)} is not a part of the "
                                "released model, so the official split layout cannot hold it")
-        self.exported = save_pretrained(weights, self.dirpath, config=config, layout=layout,
-                                        dtype=self.dtype,
+        self.exported = save_pretrained(weights, self.dirpath, config=config, layout=layout, dtype=self.dtype,
                                         max_shard_size=self.max_shard_size, source_dir=source_dir,
                                         overwrite=True)
         export_assets = getattr(trainer.datamodule, "export_assets", None)  # the data's own tokenizers

@@ -15,8 +15,7 @@ def peak_rss_gib() -> float:
 
 
 def peak_memory_gib(device: torch.device) -> float:
-    """CUDA: the caching allocator's peak allocated bytes on `device` since the process started (or the
-    last `torch.cuda.reset_peak_memory_stats`); any other device: the process's peak RSS."""
+    """CUDA: the caching allocator's peak allocated bytes on `device`; any other device: the peak RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return peak_rss_gib()

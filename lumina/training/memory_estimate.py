@@ -2,63 +2,23 @@
 without building anything (`lumina-train estimate_memory=true [memory_budget_gib=20]`).
 
     estimate = estimate_step_memory(config, seq_len=16384, policy="selective")
-    estimate.peak, estimate.activation_bytes_per_token, estimate.fits(20.0), print(estimate.table())
+    estimate.peak, estimate.fits(20.0), print(estimate.table())
 
-Parts (bytes per rank):
-    parameters        counted from the model itself, built on the meta device (`lumina.model.params`)
-    gradients         one per trainable parameter, in the parameter dtype: what trains is decided by
-                      `lumina.training.trainable.mark_trainable` on that model (the `model.freeze` globs)
-    optimizer_states  AdamW: exp_avg and exp_avg_sq per trainable parameter, in the parameter dtype (8 bytes
-                      for fp32)
-    activations       what autograd keeps for backward at the end of the forward, counted tensor by tensor
-                      from the code (below), under the checkpointing policy, plus what a recompute rebuilds
-    head_losses       the fused chunked head losses (`lumina.model.linear_ce`): they keep no logits, only
-                      their input-gradient buffers (and their inputs while the objective runs), plus one
-                      chunk of fp32 logits [chunk_rows, V]; and the heads' weight gradients, formed in the
-                      forward and held until the backward (`head_weight_gradient_bytes`: under FSDP in full)
-    optimizer_step    AdamW's foreach temporaries (one copy of the trainable parameters), after the activations
-                      are gone
-    fsdp_buffers      sharded runs: two unsharded units (in use + prefetched) and one unit's unreduced gradient
-                      (the whole unit's, frozen parameters included: an upper bound under `model.freeze`)
+Parts (bytes per rank): parameters (of the model built on meta); gradients and AdamW's two optimizer_states
+per trainable parameter (`mark_trainable`), in the parameter dtype; activations (what autograd keeps for
+backward under the checkpointing policy, plus one recompute); head_losses (`head_loss_bytes`,
+`head_weight_gradient_bytes`); optimizer_step (AdamW's foreach temporaries); fsdp_buffers (two unsharded units
+and one unit's unreduced gradient).
     peak = parameters + gradients + optimizer_states + fsdp_buffers + max(activations + head_losses,
-           optimizer_step): every gradient is counted as live at the activation peak (an upper bound on a
-           caching allocator; on CPU it about equals glibc's retained free memory, see the calibration below).
-    step_rise = gradients + activations + head_losses: what one SGD step adds over the set-up model (what
-           experiments/bench/step_memory.py and memory.py measure).
+           optimizer_step), every gradient counted as live at the activation peak (an upper bound)
+    step_rise = gradients + activations + head_losses (what experiments/bench/step_memory.py measures)
 
-Activations, per token of one decoder layer (a = activation bytes, 4 in fp32; norms, router and softmax
-statistics in fp32; H hidden, nh/nkv heads of hd dims, E experts, top-k, I = moe_intermediate_size):
-    attention   input RMSNorm (input, rsqrt, normalised, output) 3H a + 4, fused QKV output (nh + 2 nkv) hd a,
-                q/k RMSNorm outputs and rsqrt, rotated q and k, a contiguous v, SDPA output and log-sum-exp,
-                the dense projection's input
-    MoE         post-attention RMSNorm 3H a + 4; router: the k selected fp32 scores, their ids and their sum;
-                experts: the k routing weights and copy order and gate x,
-                up x of every routed copy, 2 k I a (`_RoutedSwiGLU` keeps no [T k, H] tensor); the shared
-                expert's SwiGLU 4 I_shared a
-    dense MLP   post-attention RMSNorm 3H a + 4 and the SwiGLU's 4 intermediate_size a
-Outside the layers: the image embedding projection's input [(image input rows + supervised image rows),
-C H], the final RMSNorm, cos/sin, the segmented backend's cached additive masks (sum of L_i^2 per pack:
-seq_len x segment_len) or sdpa_dense's [S, S] one, and the channel head per supervised image row, measured
-by running the head itself on the meta device (`channel_head_bytes_per_row`).
+Policies (`LuminaConfig.gradient_checkpointing`): none keeps every layer's activations; full each layer's
+input [S, H] and routing tape (top-k ids); selective the attention blocks and each FFN sub-block's input and
+tape. Under full / selective one recomputed unit holds its activations and as many bytes of their gradients
+("recompute" counts it twice), and the channel head is checkpointed in `CHANNEL_CHECKPOINT_ROWS`-row chunks.
 
-Policies (`LuminaConfig.gradient_checkpointing`):
-    none        every layer as above
-    full        each layer keeps its input [S, H] and the routing tape's top-k ids (int64 [S, k])
-    selective   attention blocks as in `none`; each FFN sub-block keeps its input and the tape
-Under full / selective the step's peak moves to the end of backward (every gradient live), where the
-recomputed layer (full) or FFN sub-block (selective) holds its `none` activations and, while its backward
-runs, about as many bytes of their gradients: "recompute" counts twice one such unit. Under none the
-activation gradients of the top layers appear while most parameter gradients do not exist yet, and are
-covered by counting every gradient as live. Under full / selective the channel head is checkpointed too, in
-chunks of `CHANNEL_CHECKPOINT_ROWS` image rows; embeddings and heads are never checkpointed.
-
-Calibration (2-core CPU, fp32, peak-RSS rise of one SGD step measured by experiments/bench/step_memory.py, world
-packs; estimate / measured MiB; repeated measurements vary by up to 10%):
-    memory benchmark's small config, t2i + text-QA pack: S = 2048 none 2300 / 2352, full 2230 / 2246,
-        selective 2267 / 2151; S = 4096 none 4090 / 4465, full 3949 / 4358
-    the same with vocab_size 4096, S = 1024: none 973 / 882-983, full 938 / 871, selective 957 / 902
-    the same, text-QA-only pack, S = 4096: none 591 / 545, full 451 / 405-452, selective 526 / 494
-Where gradients dominate the rise the estimate runs high (small config, S = 512: 927 / 760).
+Checked against experiments/bench/step_memory.py: within about 10% where activations dominate, else high.
 """
 
 from __future__ import annotations
@@ -79,7 +39,7 @@ from lumina.model.params import ParameterCounts, parameter_counts
 from lumina.model.supervision import PackRows
 from lumina.training.trainable import mark_trainable
 
-FP32, INT64, BOOL = 4, 8, 1
+FP32, INT64 = 4, 8
 _CHANNEL_HEAD_BYTES: dict[tuple[str, int], int] = {}  # by (repr(config), activation bytes)
 GIB = 2**30
 OPTIMIZERS = {"adamw": 2, "sgd": 0}  # states per parameter
@@ -94,8 +54,7 @@ def _positive_int(name: str, value: object) -> int:
 
 @dataclass(frozen=True)
 class Precision:
-    """Bytes per element: parameters (and their gradients and AdamW states), activations, FSDP's unsharded
-    parameters."""
+    """Bytes per element: parameters (gradients, AdamW states), activations, FSDP's unsharded parameters."""
 
     param_bytes: int = FP32
     activation_bytes: int = FP32
@@ -119,8 +78,6 @@ class Precision:
         return f"{8 * self.param_bytes}-bit parameters, {8 * self.activation_bytes}-bit activations"
 
 
-# ---- activations (bytes per token or per row) ----
-
 def _rmsnorm_saved(width: int, a: int) -> int:
     """RMSNorm of a [.., width] input: fp32 input (the input itself in fp32), rsqrt, normalised in a."""
     return width * FP32 + FP32 + width * a
@@ -140,8 +97,7 @@ def attention_bytes(config: LuminaConfig, a: int) -> int:
 
 
 def router_bytes(config: LuminaConfig) -> int:
-    """Per token: the router's k selected fp32 scores, their int64 ids and the normalisation's sum (its input
-    x is kept in its own dtype: the post-attention RMSNorm's output; selection builds no graph)."""
+    """Per token: the router's k selected fp32 scores, their int64 ids and the normalisation's sum."""
     k = config.num_experts_per_tok
     return k * FP32 + k * INT64 + FP32
 
@@ -162,9 +118,8 @@ def tape_bytes(config: LuminaConfig, layer_idx: int) -> int:
 
 
 def backbone_bytes(config: LuminaConfig, policy: str, a: int) -> tuple[int, int]:
-    """Per token: (what the decoder layers keep under `policy`, with the final RMSNorm and cos/sin; what one
-    recompute in backward rebuilds: the largest layer's (full) or FFN sub-block's (selective) `none`
-    activations, 0 for none)."""
+    """Per token: (what the layers, final RMSNorm and cos/sin keep under `policy`; what the largest recompute
+    unit rebuilds in backward, 0 for none)."""
     layers = range(config.num_hidden_layers)
     attn, kept_input = attention_bytes(config, a), config.hidden_size * a
     if policy == "none":
@@ -179,8 +134,7 @@ def backbone_bytes(config: LuminaConfig, policy: str, a: int) -> tuple[int, int]
 
 
 def _saved_bytes(head: ImageHead, width: int, rows: int, dtype: torch.dtype) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves in `head`'s training forward on `rows` rows
-    of width H (on the head's device; teacher-forcing code embeddings when the head reads them)."""
+    """Bytes of the distinct non-parameter storages autograd saves in `head`'s forward on [rows, width]."""
     device = next(head.parameters()).device
     h = torch.empty(rows, width, dtype=dtype, device=device, requires_grad=True)
     forced = rows if head.teacher_forced else 0
@@ -201,10 +155,7 @@ def _saved_bytes(head: ImageHead, width: int, rows: int, dtype: torch.dtype) -> 
 
 
 def channel_head_bytes_per_row(config: LuminaConfig, a: int) -> int:
-    """Per supervised image row: what the image head (`config.image_head`) keeps for backward, measured on it
-    in the activation dtype on the meta device (4 rows less 2, so what a call
-    keeps whatever its row count drops out; cached per config). The meta kernels stand for the CPU ones: in
-    fp32 they match to about 0.5% per row, in bf16 they keep about 10% more around the attention."""
+    """Per supervised image row: what the image head keeps for backward, measured on meta (cached)."""
     key = (repr(config), a)
     if key not in _CHANNEL_HEAD_BYTES:
         dtype = float_dtype_of_size(a)
@@ -216,9 +167,8 @@ def channel_head_bytes_per_row(config: LuminaConfig, a: int) -> int:
 
 
 def channel_head_bytes(config: LuminaConfig, policy: str, image_rows: int, a: int) -> int:
-    """The channel head over `image_rows` supervised image rows: all of its activations under none; under
-    full / selective only each checkpointed chunk's condition input, plus one chunk's activations and their
-    gradients while it is recomputed (`CHANNEL_CHECKPOINT_ROWS` rows)."""
+    """The channel head over `image_rows` rows: all activations under none; else each chunk's input plus one
+    recomputed chunk's activations and their gradients."""
     per_row = channel_head_bytes_per_row(config, a)
     if policy == "none":
         return image_rows * per_row
@@ -226,8 +176,7 @@ def channel_head_bytes(config: LuminaConfig, policy: str, image_rows: int, a: in
 
 
 def embedding_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
-    """The embeddings' saved tensors: ids, and the stacked code embeddings of the image input rows and of the
-    teacher-forcing codes when the image head reads them (the projection's input, shared with its prefix)."""
+    """The embeddings' saved tensors: ids and the stacked code embeddings of image inputs and forced codes."""
     coded = rows.image_inputs + (rows.image if image_head_class(config).teacher_forced else 0)
     return seq_len * INT64 + coded * config.num_codebooks * (config.hidden_size * a + INT64)
 
@@ -242,11 +191,8 @@ def mask_bytes(backend: str, seq_len: int, rows: PackRows, a: int) -> int:
 
 
 def head_weight_gradient_bytes(counts: ParameterCounts, precision: Precision, shard: int) -> int:
-    """The heads' weight gradients the fused losses form in their forward and hold until the backward
-    (`lumina.model.linear_ce`): [V, H] and C x [K, H] (with biases), accumulated in fp32 and kept in the
-    weight's dtype. On one rank they become the parameters' gradients (counted there), plus the fp32
-    accumulator when the weights are narrower; under FSDP they are gradients of the unsharded weights, in
-    full, on top of the sharded ones."""
+    """The heads' weight gradients the fused losses form in forward: on one rank only the fp32 accumulator of
+    narrower weights (the rest are the parameters' gradients); under FSDP the unsharded weights' in full."""
     heads = sum(sum(counts.units[name]) for name in ("lm_head", "lm_img_head"))
     if shard == 1:
         return heads * FP32 if precision.param_bytes < FP32 else 0
@@ -254,8 +200,8 @@ def head_weight_gradient_bytes(counts: ParameterCounts, precision: Precision, sh
 
 
 def head_loss_bytes(config: LuminaConfig, seq_len: int, rows: PackRows, a: int) -> int:
-    """The fused head losses' activations: the final hidden states and head inputs alive while the objective
-    runs, the input-gradient buffers (text [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
+    """The fused head losses' activations: hidden states and head inputs, input-gradient buffers (text
+    [Nt, H], image C x [Ni, H]) and the largest fp32 logits chunk."""
     h, c = config.hidden_size, config.num_codebooks
     inputs = (seq_len + rows.text + c * rows.image) * h * a
     grad_inputs = (rows.text + c * rows.image) * h * a
@@ -337,12 +283,9 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
                          attn_backend: str | None = None, freeze: Sequence[str] = ()) -> MemoryEstimate:
     """The memory of one step of `config` on packs of `seq_len` tokens (B = 1) on one rank.
 
-    policy: checkpointing policy (None = config.gradient_checkpointing); rows: what a pack holds (None =
-    `PackRows.assume(seq_len)`); optimizer: "adamw" (2 states per parameter) or "sgd" (none); shard: FSDP
-    shard size (parameters, gradients and states are divided by it; experts are split over ep and sharded
-    over shard // ep); attn_backend: None = config.attn_backend ("auto" resolved on this machine); freeze:
-    `model.freeze` globs (their parameters get no gradient and no optimizer state; ConfigError for a glob
-    matching nothing)."""
+    policy: None = config.gradient_checkpointing; rows: None = `PackRows.assume(seq_len)`; optimizer: "adamw"
+    or "sgd"; shard: FSDP shard size (experts split over ep, sharded over shard // ep); attn_backend: None =
+    config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state)."""
     from lumina.attention import resolve_backend
 
     _positive_int("seq_len", seq_len)
@@ -375,8 +318,8 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
              ("masks", mask_bytes(backend, seq_len, rows, a)))
     states = OPTIMIZERS[optimizer]
     fsdp = 0
-    if shard > 1:
-        largest = max(_gathered_unit(counts, name, ep) for name in counts.units)
+    if shard > 1:  # the largest FSDP unit while unsharded: a layer's experts stay split over ep
+        largest = max(dense + experts // ep for dense, experts in counts.units.values())
         fsdp = largest * (2 * precision.gathered_bytes + FP32)
     return MemoryEstimate(
         seq_len=seq_len, policy=policy, rows=rows, precision=precision, parameter_count=counts.total,
@@ -386,9 +329,3 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         head_losses=head_loss_bytes(config, seq_len, rows, a) + head_weight_gradient_bytes(counts, precision, shard),
         optimizer_step=grad_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
         activation_parts=parts)
-
-
-def _gathered_unit(counts: ParameterCounts, name: str, ep: int) -> int:
-    """Parameters of FSDP unit `name` while unsharded: a decoder layer's experts stay split over ep."""
-    dense, experts = counts.units[name]
-    return dense + experts // ep

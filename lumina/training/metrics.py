@@ -1,5 +1,4 @@
-"""Token accuracies as torchmetrics: one text metric and one per image codebook, micro-averaged (every
-supervised token counts once), synchronised over the data-parallel process group."""
+"""Token accuracies as torchmetrics, micro-averaged, synchronised over the data-parallel process group."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ class TokenAccuracies(nn.Module):
                 metric.update(image_preds[:, c], image_targets[:, c])
 
     def compute(self) -> dict[str, torch.Tensor]:
-        """Every accuracy (a collective call under data parallelism: all ranks compute all metrics, also
-        those a rank never updated; such a metric reads 0, so callers drop it by the global token count)."""
+        """Every accuracy (a collective: a metric no rank updated reads 0; callers drop it by token count)."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
             out = {"text_acc": self.text.compute()}

@@ -86,17 +86,14 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def fused_supported(params: list[torch.Tensor]) -> bool:
-    """Whether torch's fused AdamW kernel takes these parameters: plain (not DTensor) floating tensors, all on
-    CPU or all on CUDA. On CPU it is several times faster than the per-tensor loop torch picks by default
-    (experiments/bench/train_step.py)."""
+    """Whether torch's fused AdamW takes these: plain floating tensors, all on CPU or all on CUDA."""
     device_types = {p.device.type for p in params}
     return (len(device_types) == 1 and device_types <= {"cpu", "cuda"}
             and all(p.is_floating_point() and not isinstance(p, DTensor) for p in params))
 
 
 def warmup_cosine(step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the peak lr at optimizer step `step` (0-based): linear from 1/(warmup+1) up to 1 over
-    the warmup, then a half cosine down to `min_lr_ratio` at `decay_steps`, constant after that."""
+    """Peak-lr multiplier at step `step` (0-based): warmup, then cosine to `min_lr_ratio` at `decay_steps`."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     span = max(decay_steps - warmup_steps, 1)

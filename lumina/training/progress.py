@@ -1,9 +1,5 @@
-"""`StepProgressBar`: the rich progress bar counted in optimizer steps, "step 37/120".
-
-Lightning's bar counts the batches of each epoch and is titled "Epoch e/(max_epochs - 1)", which reads
-"Epoch 0/-2" for a run bounded by `trainer.max_steps` alone (max_epochs = -1). A lumina run is bounded by
-max_steps, so this bar shows the optimizer steps done out of max_steps across epochs (resumed runs start
-where they stopped); with max_steps unset it is Lightning's bar."""
+"""`StepProgressBar`: the rich progress bar counted in optimizer steps out of `trainer.max_steps`
+("step 37/120", across epochs and resumes) instead of batches per epoch; without max_steps, Lightning's."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Achieved FLOP/s and MFU of each optimizer step, and the analytic FLOPs in the model summary.
 
-`ThroughputCallback` counts each micro-batch's training FLOPs (`lumina.model.flops`: forward + backward, no
-activation recompute) and logs per optimizer step
-    train/flops    the step's training FLOPs, summed over ranks
-    train/tflops   each rank's FLOPs of the step / its time (first micro-batch start to the optimizer step's end;
-                   data loading between steps excluded), TFLOP/s per device, mean over ranks
-    train/mfu      train/tflops / the device's peak, when one is known:
-                   `peak_tflops` if configured, else the dense bf16 tensor-core peak of an A100, H100 or H200
-                   (bf16 / fp16 training; NVIDIA datasheets, without sparsity), else on CPU a GEMM probe
-                   measured at start-up in the training dtype with this process's threads.
-`FlopsModelSummary` is Lightning's rich model summary with its FLOPs column and "Total FLOPs" set to the
-analytic training FLOPs of one nominal pack (`data.seq_len` tokens holding `memory_pack`'s fractions, the
-pack `estimate_memory` assumes) instead of a forward of `example_input_array`, which this module does not set
-(it would run the forward on rank 0 alone, which a sharded strategy cannot, and miss the heads' FLOPs, which
-run in the objective).
+`ThroughputCallback` logs per optimizer step `train/flops` (summed over ranks), `train/tflops` (per device,
+first micro-batch start to step end, mean over ranks) and `train/mfu` (over the configured peak, else a known
+GPU's dense bf16 peak, else a CPU GEMM probe). `FlopsModelSummary` shows the analytic training FLOPs of one
+nominal pack (`data.seq_len` tokens, `memory_pack`'s fractions): a sharded model cannot run a probe forward.
 """
 
 from __future__ import annotations
@@ -47,8 +37,7 @@ def compute_dtype(precision: object) -> torch.dtype:
 
 
 def table_peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
-    """The dense bf16/fp16 peak of a known GPU (first table key in its name, e.g. "NVIDIA H100 80GB HBM3"); None
-    for other chips or dtypes."""
+    """The dense bf16/fp16 peak of a known GPU (first table key in its name); None for others."""
     if dtype not in (torch.bfloat16, torch.float16):
         return None
     for chip, peak in PEAK_BF16_TFLOPS.items():
@@ -57,18 +46,15 @@ def table_peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
     return None
 
 
-def gemm_probe_tflops(dtype: torch.dtype = torch.float32, size: int = 1024, repeats: int = 5,
-                      device: torch.device | str = "cpu") -> float:
-    """The best TFLOP/s of `repeats` [size, size] x [size, size] products in `dtype` (after one warm-up)."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+def gemm_probe_tflops(dtype: torch.dtype = torch.float32, size: int = 1024, repeats: int = 5) -> float:
+    """The best CPU TFLOP/s of `repeats` [size, size] x [size, size] products in `dtype` (after a warm-up)."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
     out = a @ b
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         torch.matmul(a, b, out=out)
-        if out.device.type == "cuda":
-            torch.cuda.synchronize(out.device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e12
 

@@ -1,6 +1,5 @@
 """`check_trainer_fields`: the `trainer` group's values checked before `lightning.Trainer` sees them, so a bad
-override (`trainer.max_steps=abc`) is one `ConfigError` naming the field and the value, not a traceback from
-inside Lightning. Fields without a rule here pass through; `build.trainer` reports what Lightning refuses."""
+override is one `ConfigError` naming the field and the value. Fields without a rule pass through."""
 
 from __future__ import annotations
 
@@ -53,24 +52,17 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                 or (isinstance(v, list | tuple) and all(_int(d) and d >= 0 for d in v)),
                 "an integer >= 1, -1, 'auto' or a list of device indices"),
     "num_nodes": (_int_at_least(1), "an integer >= 1"),
-    "enable_progress_bar": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_model_summary": (lambda v: isinstance(v, bool), "true or false"),
-    "enable_checkpointing": (lambda v: isinstance(v, bool), "true or false"),
-    "use_distributed_sampler": (lambda v: isinstance(v, bool), "true or false"),
+    **dict.fromkeys(("enable_progress_bar", "enable_model_summary", "enable_checkpointing",
+                     "use_distributed_sampler"), (lambda v: isinstance(v, bool), "true or false")),
     "deterministic": (lambda v: v is None or isinstance(v, bool) or v == "warn", "true, false, 'warn' or null"),
     "fast_dev_run": (lambda v: isinstance(v, bool) or (_int(v) and v >= 0), "true, false or an integer >= 0"),
 }
 
 
-def trainer_arguments() -> set[str]:
-    """The keyword arguments of `lightning.Trainer`."""
-    return set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
-
-
 def check_trainer_fields(trainer: Mapping[str, Any]) -> None:
-    """Raise ConfigError for the first unknown key or value outside its rule (`trainer.<field>=<value>: must
-    be ...`). Keys the run sets itself (strategy, callbacks, logger, default_root_dir) are refused here too."""
-    known = trainer_arguments() - {"strategy", "callbacks", "logger", "default_root_dir"}
+    """Raise ConfigError for the first unknown key (or one the run sets itself) or value outside its rule."""
+    own = {"self", "strategy", "callbacks", "logger", "default_root_dir"}
+    known = set(inspect.signature(L.Trainer.__init__).parameters) - own
     for name, value in trainer.items():
         if name not in known:
             raise ConfigError(f"trainer.{name}: not a lightning.Trainer argument this config sets (strategy, "

@@ -21,6 +21,7 @@ from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, expert_load, ma
 from seed_strategy import SeedStrategy
 from torch.utils.data import DataLoader
 
+from lumina.checkpoint import save_pretrained
 from lumina.distributed import (
     AllToAllDispatcher,
     FSDP2ExpertParallelStrategy,
@@ -28,7 +29,6 @@ from lumina.distributed import (
     ParticipationTracker,
     build_meshes,
     clip_grad_norm,
-    export_hf,
     full_state_dict,
     load_hf_sharded,
     parallelize,
@@ -43,7 +43,15 @@ from lumina.model.compile import apply_compile
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 
 OUT: Path = Path(".")
+
 RANK = 0
+
+
+def export_hf(model: torch.nn.Module, directory: Path) -> None:
+    """Every rank gathers the consolidated weights; rank 0 writes them as an HF directory (split layout)."""
+    state = full_state_dict(model)
+    if dist.get_rank() == 0:
+        save_pretrained(state, directory, config=model.config, overwrite=True)
 
 
 def save(name: str, value: object) -> None:
