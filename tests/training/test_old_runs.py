@@ -22,7 +22,7 @@ COMMON = ["experiment=debug", "trainer.limit_val_batches=0", "callbacks.checkpoi
 NEW_MODEL_KEYS = (*PART_KEYS, "attn_rule")
 
 
-def test_a_checkpoint_saved_without_the_part_keys_resumes_on_the_official_parts(tmp_path):
+def test_a_checkpoint_saved_without_the_part_keys_resumes_on_the_official_parts_only(tmp_path):
     run_dir = tmp_path / "run"
     first = run_cli([*COMMON, f"hydra.run.dir={run_dir}", "trainer.max_steps=2"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -34,6 +34,13 @@ def test_a_checkpoint_saved_without_the_part_keys_resumes_on_the_official_parts(
         del model_hparams[key]
     checkpoint["hyper_parameters"]["objective"]["balance"]["p_source"] = "sigmoid"  # the old name of "router"
     torch.save(checkpoint, last)
+
+    # another part than the run's (the official one, as the key is missing) is refused, naming the field
+    no_log = [arg for arg in COMMON if arg != "logger=csv"]
+    refused = run_cli([*no_log, "logger=none", "image_head=parallel", f"hydra.run.dir={run_dir}",
+                       "trainer.max_steps=3"], cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "model.config.image_head='parallel': the checkpoint was trained with 'channel_ar'" in refused.stderr
 
     second = run_cli([*COMMON, f"hydra.run.dir={run_dir}", "trainer.max_steps=3"], cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
