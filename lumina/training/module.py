@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from lumina.checkpoint.model_factory import build_model
+from lumina.checkpoint.official_parts import OFFICIAL_PART_FIELDS
 from lumina.data.batch import PackedBatch
-from lumina.data.schedules import DEFAULT_SCHEDULE, build_schedule
+from lumina.data.schedules import build_schedule
 from lumina.model import LuminaModel
 from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
@@ -233,11 +234,15 @@ class LuminaModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_rng = checkpoint.get("lumina_rng")
-        # the data noise and the loss weight must go on with the schedule the run started with
-        trained = checkpoint.get("hyper_parameters", {}).get("model", {}).get("masking_schedule", DEFAULT_SCHEDULE)
-        if trained != self.model_config.masking_schedule:
-            raise ValueError(f"model.config.masking_schedule={self.model_config.masking_schedule!r}: the checkpoint "
-                             f"was trained with {trained!r}; resume with schedule={trained}")
+        # a run goes on with the parts it started with (the schedule has no weights, so only this check sees it);
+        # a checkpoint from before a part was chosen by name (issue 41) lacks the key and used the official part
+        saved = checkpoint.get("hyper_parameters", {}).get("model", {})
+        defaults = {f.name: f.default for f in dataclasses.fields(LuminaConfig)}
+        for field, _ in OFFICIAL_PART_FIELDS:
+            trained, now = saved.get(field, defaults[field]), getattr(self.model_config, field)
+            if trained != now:
+                raise ValueError(f"model.config.{field}={now!r}: the checkpoint was trained with {trained!r}; "
+                                 f"resume with model.config.{field}={trained}")
 
 
 @dataclasses.dataclass(frozen=True)
