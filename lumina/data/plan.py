@@ -1,19 +1,14 @@
 """The epoch plan (which samples form which pack, in which order), dealing packs to data-parallel ranks,
 and the global pack cursor that makes a resume exact.
 
-Plan of epoch e: best fit over that epoch's laid-out lengths (its placement order drawn, or the ties of the
-longest-first order broken, by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG
-seeded by (seed, e). Every process computes the same plan from the same lengths, so nothing but
-(epoch, cursor) needs saving. Each rank computes it rather than receiving it: it is a pure function of data
-every rank already holds, a compiled pass over flat arrays (100M samples in well under a minute,
-`experiments/bench/data.py`), while a broadcast would ship ~5 bytes per sample through the process group
-at every epoch start and a plan file beside the checkpoint would be one more thing to go stale. A saved
-state records `PLAN_VERSION`; a resume under another version stops instead of training other packs.
+Plan of epoch e: best fit over that epoch's laid-out lengths (placement order, or longest-first ties, drawn
+by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG seeded by (seed, e). Every rank
+computes the same plan from the lengths it holds, so only (epoch, cursor) is saved, with `PLAN_VERSION`: a
+resume under another version stops instead of training other packs.
 
-Dealing: the cursor counts packs of the plan already handed out (all ranks together). At each step rank r
-of W trains pack `cursor + r` and the cursor moves by W. A rank whose slot lies past the end gets an
-all-padding pack, so every rank runs the same number of steps. A resume at a different W simply deals the
-remaining packs `plan[cursor:]` round-robin over the new W.
+Dealing: the cursor counts packs handed out (all ranks). At each step rank r of W trains pack `cursor + r`
+and the cursor moves by W; a slot past the end gets an all-padding pack, so every rank runs the same number
+of steps. A resume at another W deals `plan[cursor:]` round-robin over the new W.
 """
 
 from __future__ import annotations

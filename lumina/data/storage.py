@@ -10,17 +10,11 @@ Row schema (plain Arrow types, readable by any Arrow tool):
                 codes: list<int32>       the [N, C] code grid flattened row-major (null for text)
             >>>>
     len_keep, len_drop_text, len_drop_image, len_drop_both   int32
-                                         laid-out lengths for the four CFG-dropout variants, so packing
-                                         plans from these columns without decoding payloads
+                                         laid-out lengths of the four CFG-dropout variants (packing plans
+                                         from these columns without decoding payloads)
 File metadata key b"lumina" holds JSON {"format", "version", "special_tokens": SpecialTokens fields, "assets"};
-readers compare it with the settings they expect and refuse a mismatch (ids, codebook size, C, vocab sizes).
-"assets" (optional) records the text and visual tokenizers the shards were built with (`DatasetAssets`, paths
-relative to the shard's directory); every shard of a dataset must record the same ones.
-
-Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]` (the
-narrowest unsigned integer type that holds them), `id_hashes() -> [N] uint64` (`noise.id_hashes`, the key of
-the CFG-dropout coins), `sample_id(i) -> str`, `sample_ids() -> list[str]` (small data sets: a Python object
-per sample), `tokens` (the SpecialTokens the lengths were computed with).
+readers refuse settings other than those they expect. "assets" (optional, `DatasetAssets`, paths relative to
+the shard's directory) records the tokenizers the shards were built with; all shards must record the same.
 """
 
 from __future__ import annotations
@@ -143,11 +137,8 @@ def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None
     return {METADATA_KEY: json.dumps(doc, sort_keys=True).encode()}
 
 
-def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
-    """The shard's b"lumina" document (from `schema` when given, else read from `path`)."""
-    if schema is None:
-        with open_binary(str(path)) as f:
-            schema = pq.read_schema(f)
+def _metadata(path: str | Path, schema: pa.Schema) -> dict:
+    """The b"lumina" document of the shard at `path` with Arrow schema `schema`."""
     meta = schema.metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")
@@ -158,12 +149,12 @@ def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
     return doc
 
 
-def read_settings(path: str | Path, schema: pa.Schema | None = None) -> SpecialTokens:
+def read_settings(path: str | Path, schema: pa.Schema) -> SpecialTokens:
     """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
     return SpecialTokens.from_record(_metadata(path, schema)["special_tokens"], str(path))
 
 
-def read_assets(path: str | Path, schema: pa.Schema | None = None) -> DatasetAssets:
+def read_assets(path: str | Path, schema: pa.Schema) -> DatasetAssets:
     """The tokenizers a shard records, paths resolved against its directory (empty when it records none)."""
     doc = _metadata(path, schema).get("assets")
     if doc is None:
@@ -248,6 +239,9 @@ def write_samples(samples: Iterable[Sample], out_dir: str | Path, tokens: Specia
 
 # ---- reading ----
 class SampleDataset(Protocol):
+    """Random access to samples; `laid_out_lengths()` [N, 4] in the narrowest unsigned type, `id_hashes()` [N]
+    uint64 (`noise.id_hashes`), `tokens` the SpecialTokens the lengths were computed with."""
+
     tokens: SpecialTokens
 
     def __len__(self) -> int: ...
@@ -317,8 +311,8 @@ def _remote_shards(url: str, retry: Retry) -> list[str]:
 
 @dataclass(frozen=True)
 class _ShardIndex:
-    """What a dataset keeps of one shard: its settings, tokenizers, footer and byte size (so a payload read
-    fetches only its column chunks), lengths [n, 4], ids."""
+    """One shard's settings, tokenizers, footer and byte size (payload reads then fetch only their column
+    chunks), lengths [n, 4], ids."""
 
     tokens: SpecialTokens
     assets: DatasetAssets
@@ -428,7 +422,6 @@ class ParquetSampleDataset:
             return self._cache[g]
         shard, group, _ = self._groups[g]
         path = str(self.paths[shard])
-
         footer, size = self._footers[shard]
 
         def read() -> pa.Table:  # the known footer and size; the three column chunks in one coalesced read
