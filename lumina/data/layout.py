@@ -126,12 +126,6 @@ def laid_out_length(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fal
     return n
 
 
-def sample_length(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
-                  epoch: int) -> int:
-    """len(layout_sample(...)) with the same seeded CFG decisions."""
-    return laid_out_length(sample, tokens, *cfg_dropout(seed, epoch, sample.id, noise_cfg))
-
-
 def layout_sample(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
                   epoch: int) -> TrainingSequence:
     """The training sequence of `sample` for `epoch`: seeded CFG dropout and noise (reproducible)."""

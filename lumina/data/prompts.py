@@ -11,8 +11,6 @@ Task keys: "text", "understand" (image), "understand_video", "understand_mesh3d"
 
 from __future__ import annotations
 
-SYSTEM_PROMPT_TASKS = ("text", "understand", "understand_video", "understand_mesh3d", "t2i", "edit")
-
 OFFICIAL_SYSTEM_PROMPTS = {
     "text": "You are a helpful assistant.",
     "understand": "You are a multimodal assistant. Answer directly using the provided image(s), text, and "

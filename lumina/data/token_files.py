@@ -1,26 +1,19 @@
 """Official media token files: `torch.save` dicts of "indices" [N, C] and "coords" [N, k], read and written.
 
 Reading (`read_token_file`) follows the official reader (InternLumina-U2 `utils/media_token_io.py`):
-    * `.pkl` / `.pt` files are `torch.load`ed with `weights_only=True`, never plain pickle: torch's own allow-list
-      (tensors, storages, plain containers: dict, list, tuple, `collections.OrderedDict`, ...; the official
-      files save torch tensors) plus the NumPy globals a pickled array or scalar needs (`NUMPY_GLOBALS`). A
-      file whose pickle asks for anything else (os.system, collections.defaultdict, ...) is refused with
-      `TokenFileError` naming the file and the globals, and nothing of it runs;
-    * the payload is checked like `_validate_media_token_schema`: a dict with "indices" and "coords";
-      both rectangular integer matrices (tensors, NumPy arrays or nested lists) with at least one row;
-      indices with C columns and codes in [0, K) (C x K is the dataset's tokenizer: 8 x 4096 for AToken);
-      coords with the columns of its kind (image 4 or 5, video 5, mesh3d 3 or 5); equal row counts;
-      non-negative coords. Every error names the file and the field.
+    * `torch.load(weights_only=True)`, never plain pickle: torch's allow-list plus the NumPy globals an array
+      needs (`NUMPY_GLOBALS`); a pickle asking for anything else is refused (`TokenFileError`), nothing runs;
+    * the schema of `_validate_media_token_schema`: "indices" and "coords", rectangular integer matrices with
+      equal row counts (at least one); indices with C columns and codes in [0, K); coords non-negative, with
+      the columns of its kind (image 4 or 5, video 5, mesh3d 3 or 5);
     * coords -> grid, as the official loaders read them:
         image   (batch, time, row, col[, 0])   column 2 = row, column 3 = column;  grid (h, w)
         video   (batch, t, x, y, z)            column 1 = t, 2 = x (width), 3 = y; grid (t, h, w)
         mesh3d  (x, y, z) or (batch, t, x, y, z)                                  grid (z, y, x)
-      An image's tokens must already be in row-major order (the official scripts view them as [h, w] in file
-      order); a video's or a 3-D asset's are sorted into (t, y, x) / (z, y, x) order, as the official
-      `add_break_line_multi_codebook_3d` does. Every grid cell must appear exactly once; the batch column
-      must be constant (one medium per file).
-`tools/tokenize_image.py` also writes "image_width" / "image_height" (the pixels encoded); when present they
-must be positive integers and are returned. `token_file_dict` writes the same keys (indices and coords int32).
+      Image tokens must be in row-major order already; video and 3-D tokens are sorted into (t, y, x) /
+      (z, y, x) order (as `add_break_line_multi_codebook_3d`). Every cell appears exactly once.
+Optional "image_width" / "image_height" (written by `tools/tokenize_image.py` and `token_file_dict`) must be
+positive integers. Every error names the file and the field.
 """
 
 from __future__ import annotations
@@ -77,11 +70,8 @@ class TokenFile:
 
 
 def load_token_dict(path: str | Path) -> Any:
-    """The unpickled payload of a token file, a local path or a URL (`lumina.data.fs`: its bytes read whole,
-    with the store's retries; a store still failing raises StoreError), loaded with weights_only=True +
-    NUMPY_GLOBALS: torch's weights-only unpickler (tensors, containers such as collections.OrderedDict, no
-    code) plus NumPy's array globals; TokenFileError naming the file for a missing file, a corrupt one or a
-    pickle asking for any other global."""
+    """The safely unpickled payload of a token file (a local path or a URL, read with the store's retries);
+    TokenFileError naming the file when it is missing, corrupt or asks for another global."""
     try:
         data = read_bytes(path)
     except (FileNotFoundError, IsADirectoryError) as exc:

@@ -131,12 +131,6 @@ class RVQImageTokenizer:
         images = self._unpatch(vectors, h, w).clamp(-1, 1)
         return images[0:1] if single else images
 
-    def reconstruction_mse(self, images: torch.Tensor) -> float:
-        """Mean squared error (in [-1, 1] units) of decode(encode(images)) against images."""
-        p = self.patch_size
-        recon = self.decode(self.encode(images), images.shape[2] // p, images.shape[3] // p)
-        return float(((recon - images.float()) ** 2).mean())
-
     # ---- fitting ----
     @classmethod
     def fit(cls, images: torch.Tensor, settings: RVQSettings = DEFAULT_RVQ) -> RVQImageTokenizer:
