@@ -5,14 +5,10 @@
     mix = plan.epoch(3)          # EpochMix: per slot its source (mix.source, into plan.names) and index
     mix.proportions              # e.g. {"world": 0.2987, "web": 0.7013}: log these
     plan.lengths(mix)            # [n, 4] stored laid-out lengths of the drawn items (no payload decoding)
-    plan.flat_indices(mix)       # the same items as indices into `ConcatSampleDataset(plan.sources)`
 
-Each slot's source is an independent categorical draw with the normalised weights (so realised shares
-fluctuate around the weights with binomial noise, std sqrt(p (1 - p) / n)); within a source, indices are
-taken from a fresh permutation per epoch, cycled when the source is drawn more often than it has samples
-(so every sample of a source appears before any repeats), and handed to that source's slots in slot order.
-Everything is a pure function of (seed, epoch), held in NumPy arrays (a few bytes per slot, no Python object
-per sample).
+Each slot's source is an independent categorical draw with the normalised weights; within a source, indices
+come from a fresh permutation per epoch, cycled when the source is drawn more often than it has samples (every
+sample appears before any repeats), in slot order. All a pure function of (seed, epoch), in NumPy arrays.
 """
 
 from __future__ import annotations
@@ -136,11 +132,6 @@ class MixturePlan:
         """[n, 4] stored laid-out lengths (keep, drop_text, drop_image, drop_both) of the items, in the stored
         tables' type."""
         return self.gather(mix, {name: self.sources[name].laid_out_lengths() for name in self.names})
-
-    def flat_indices(self, mix: EpochMix) -> np.ndarray:
-        """[n] int64 indices of the items in `ConcatSampleDataset(self.sources)` (sources in order)."""
-        offsets = np.cumsum([0] + [len(self.sources[n]) for n in self.names[:-1]], dtype=np.int64)
-        return offsets[mix.source] + mix.index
 
 
 class ConcatSampleDataset:

@@ -64,11 +64,6 @@ class WordTokenizer:
     def pad_id(self) -> int:
         return self.special_ids[PAD]
 
-    def token_to_id(self, token: str) -> int:
-        if token not in self._ids:
-            raise KeyError(f"token {token!r} is not in the vocabulary")
-        return self._ids[token]
-
     def encode(self, text: str) -> list[int]:
         ids = []
         for n, line in enumerate(text.split(NEWLINE)):
@@ -144,12 +139,6 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def token_to_id(self, token: str) -> int:
-        i = self.tokenizer.token_to_id(token)
-        if i is None:
-            raise KeyError(f"token {token!r} is not in {self.path}")
-        return i
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
