@@ -17,27 +17,17 @@ line number):
           {"kind": "video", "files": ["f0.png", ...]}    a video as its frame files, in order
         ]}]}
 
-Manifests and their file parts may sit on an object store: a manifest given as an fsspec URL
-(`s3://bucket/prefix/train.jsonl`) is streamed, and its relative parts resolve against its prefix; a part may
-also be a URL itself. They are read through `lumina.data.fs` with its bounded retries; a store that stays
-down stops the build with a StoreError naming the URL (never a skipped row).
+A manifest may be an fsspec URL (`s3://bucket/prefix/train.jsonl`, streamed; relative parts resolve against
+its prefix), read through `lumina.data.fs` with its bounded retries; a store that stays down stops the build
+with a StoreError naming the URL (never a skipped row).
 
-Image and video files need a visual tokenizer (`pixels=PixelEncoder(tokenizer, ...)`, CLI `--image-tokenizer
-builtin|atoken|DIR`): they are read as `lumina.data.pixels` describes (RGB, long edge resized to --max-edge,
-default the tokenizer's image size, centre crop to multiples of the patch, aspect ratio kept; images with a
-side under one patch refused) and encoded streaming, in batches
-(`lumina.data.ingest`); the grid is the tokenizer's. A missing, unreadable, truncated or too small file is a bad
-row like any other.
+Image and video files need a visual tokenizer (`pixels=PixelEncoder(...)`, CLI `--image-tokenizer`); they are
+read as `lumina.data.pixels` describes and encoded streaming (`lumina.data.ingest`); the grid is the
+tokenizer's. Token files are read by `lumina.data.token_files` with the dataset's C and K; a "grid" given next
+to a "path" must equal the grid of its coords. A bad file is a bad row like any other.
 
-Token files (`.pkl` / `.pt`, as the official `tools/tokenize_image.py` writes them) are read and checked by
-`lumina.data.token_files` (safe unpickling, the official schema and coordinate conventions), with C and K the
-dataset's (`--num-codebooks`, `--codebook-size`, or the visual tokenizer's). A "grid" given next to a "path"
-must equal the grid the coords describe.
-
-Errors (missing fields, bad roles, out-of-range codes, grid/coords mismatch, unreadable token or image files,
-duplicate ids, samples the layout rejects) raise `BuildError` naming the manifest file and line (and the
-token or image file). With on_error="skip" the row is skipped instead, and every skipped row is counted and
-listed in the `BuildReport` (and `build_report.json` next to the shards). Nothing is dropped silently.
+A bad row raises `BuildError` naming the manifest file and line (and the token or image file); with
+on_error="skip" it is skipped and listed in the `BuildReport` (and `build_report.json` beside the shards).
 """
 
 from __future__ import annotations
@@ -57,11 +47,9 @@ from lumina.data.ingest import PendingRow, PixelEncoder, PixelPart
 from lumina.data.layout import check_sample
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.storage import LengthFn, ShardWriter
+from lumina.data.storage import ROLES, LengthFn, ShardWriter
 from lumina.data.token_files import TokenFileError, read_token_file
 from lumina.data.tokenizers.text import TextTokenizer
-
-ROLES = ("system", "user", "assistant")
 
 
 class BuildError(ValueError):
@@ -241,8 +229,7 @@ def parse_row(obj: Any, base_dir: str | Path, tokens: SpecialTokens, tokenizer: 
 
 @dataclass
 class RawRow:
-    """One manifest row before parsing: its file (a path or URL) and 1-based line, and the decoded JSON (or why
-    it is not)."""
+    """One manifest row before parsing: file (path or URL), 1-based line, decoded JSON or why it is not."""
 
     file: str | Path
     line: int
@@ -252,8 +239,8 @@ class RawRow:
 
 
 def manifest_rows(manifests: list[str | Path]) -> Iterator[RawRow]:
-    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order. A manifest without
-    a row is an error (nothing to build is a mistake, not an empty dataset)."""
+    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order; a manifest without a
+    row is an error."""
     for manifest in manifests:
         manifest = manifest if is_url(manifest) else Path(manifest)
         if not is_file(manifest):
@@ -277,11 +264,8 @@ def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: Speci
                  on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
                  source: str = "default", pixels: PixelEncoder | None = None,
                  assets: DatasetAssets | None = None) -> BuildReport:
-    """Build Parquet shards under `out_dir` from JSONL manifests (see the module docstring).
-
-    on_error="raise": the first bad row raises BuildError('file:line: reason'); "skip": bad rows are skipped
-    and listed in the report. The report is also written to out_dir/build_report.json. pixels: the encoder of
-    image / video file parts; assets: the tokenizers to record in every shard (see `lumina.data.assets`)."""
+    """Build Parquet shards under `out_dir` from JSONL manifests (module docstring). pixels: the encoder of
+    image / video file parts; assets: the tokenizers to record in every shard (`lumina.data.assets`)."""
     return build_rows(manifest_rows(manifests), out_dir, tokens, tokenizer, length_fn, on_error, rows_per_shard,
                       source, pixels, assets)
 
