@@ -1,13 +1,10 @@
 """Streaming pixel encoding for `lumina-data build`: rows whose parts name image files become rows of codes.
 
-Rows arrive in manifest order and leave in the same order. They are taken in chunks of at least `batch_size`
-frames (at most 8 x batch_size rows); a chunk's files are read (`lumina.data.pixels.read_image`, the official
-`prepare_image`: long edge to max_edge, default the tokenizer's image_size; centre crop to multiples of the
-patch; aspect ratio kept) in this process (workers=0) or by a pool of `workers` forked processes, which read
-the next chunk while this process encodes the current one. Images of one size are encoded `batch_size` at a
-time; each video (its frames must come out the same size) through `encode_video`. A file that cannot be read
-marks its row failed (`PendingRow.error`, naming the part and the file); the other rows go on. The codes do not
-depend on `batch_size` or `workers`.
+Rows leave in the order they arrive, in chunks of at least `batch_size` frames (at most 8 x batch_size rows).
+A chunk's files are read (`lumina.data.pixels.read_image`) here or by `workers` forked processes, which read
+the next chunk while this process encodes the current one; images of one size are encoded `batch_size` at a
+time, each video through `encode_video`. A file that cannot be read fails its row only (`PendingRow.error`,
+naming the part and the file). The codes do not depend on `batch_size` or `workers`.
 """
 
 from __future__ import annotations

@@ -6,19 +6,17 @@ Layout of a sample with exchanges (prompt_k, answer_k), k = 0..K-1:
 
 - prompt_k (turn 2k): `<system>..</system>` (k = 0 only, when the sample has a system turn) +
   `<user>..</user>`, clean, block -1 (see `layout_pieces.layout_prompt`).
-- text answer_k (turn 2k+1): BOA + answer tokens + EOA; the answer rows are a noisy copy (each token replaced
-  by the text mask id with the masking schedule's probability p(t); p(t) = t for the official one), labels = original ids at masked rows. Its "answer memory" repeats
-  the answer rows (no BOA) clean, with the same turn/type/block/position ids and labels -100, so noisy block
-  b sees the clean blocks < b of its own answer (rule R3) and later turns see the whole answer clean.
+- text answer_k (turn 2k+1): BOA + answer tokens + EOA, noisy (each token masked with the schedule's p(t)),
+  labels = original ids at masked rows. Its "answer memory" repeats the answer rows (no BOA) clean with the
+  same ids and labels -100: noisy block b sees the clean blocks < b (rule R3), later turns the whole answer.
 - image answer_k (must be the last turn): BOA BOI grid EOI EOA, noisy, block 0; an exact count of cells
   (the masking schedule's, `lumina.data.noise.image_mask_count`) is masked (all C columns -> image mask id),
   labels = their C codes. No memory.
 - Positions run 0.. over prompts and answers; memory rows reuse their noisy copy's positions.
-- Prompts follow the official template (`layout_pieces.user_content`): placeholders in user text expanded where
-  they stand, media before the text on lines of their own ("\n" after each media line).
-- CFG dropout (image-answer samples only), as the official guidance branches: drop_text and drop_image ->
-  `<uncondition>` alone; drop_text -> the media (each on its own line) then `<uncondition>`; drop_image -> the
-  text without placeholders or media.
+- Prompts follow the official template (`layout_pieces.user_content`).
+- CFG dropout (image-answer samples only), as the official guidance branches (infer_t2i_sft.py): drop_text
+  and drop_image -> `<uncondition>` alone; drop_text -> the media, each on its own line, then `<uncondition>`;
+  drop_image -> the text without placeholders or media, "\n" stripped at both ends.
 """
 
 from __future__ import annotations
@@ -108,8 +106,7 @@ def plan_exchanges(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fals
 
 
 def check_sample(sample: Sample, tokens: SpecialTokens) -> None:
-    """Every check `layout_sample` makes on `sample` (structure, text ids, media codes), building nothing:
-    storage can reject at write time what the layout would reject at training time."""
+    """Every check `layout_sample` makes on `sample` (structure, text ids, media codes), building nothing."""
     plan_exchanges(sample, tokens)
 
 
@@ -190,9 +187,7 @@ def _noise_rows(piece: TrainingSequence, rows: torch.Tensor, masked: torch.Tenso
 
 
 def _cfg_drop(parts: list[Part], tokens: SpecialTokens, drop_text: bool, drop_image: bool) -> list[Part]:
-    """The user turn as the official guidance branches build it (infer_t2i_sft.py):
-    drop_text and drop_image: `<uncondition>` alone; drop_text: every media on its own line, then
-    `<uncondition>`; drop_image (with media): the text without its placeholders, "\n" stripped at both ends."""
+    """The user turn of a CFG-dropout branch (module docstring)."""
     media = [p for p in parts if isinstance(p, Media)]
     if drop_text:
         return ([] if drop_image else list(media)) + [Text([tokens.uncondition])]
