@@ -1,11 +1,10 @@
 """Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout. How much is
 masked at a noise level is the masking schedule's (`NoiseConfig.schedule`, a `lumina.data.schedules` part).
 
-Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream), so a
-sample's noisy version is the same in every process and on every resume. The CFG-dropout coins, which the
-epoch plan needs for every sample at every epoch start, are counter-based instead: coin = splitmix64(id hash
-^ key(seed, epoch, stream)) as a uniform in [0, 1), where the id hash is FNV-1a-64 of the id's UTF-8 bytes
-(then splitmix64). One numba kernel draws them for one sample (the layout) or for all (the plan).
+Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream): the
+same in every process and on every resume. The CFG-dropout coins, needed for every sample at every epoch
+start, are counter-based: splitmix64(id hash ^ key(seed, epoch, stream)) as a uniform in [0, 1), the id hash
+being splitmix64 of FNV-1a-64 of the id's UTF-8 bytes; one kernel draws them for the layout and the plan.
 """
 
 from __future__ import annotations
@@ -132,15 +131,6 @@ def _variants(hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64, tex
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def _pick_lengths(stored: np.ndarray, hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64,
-                  text_prob: float, image_prob: float) -> np.ndarray:
-    out = np.empty(hashes.size, np.int32)
-    for i in range(hashes.size):
-        out[i] = stored[i, _variant(hashes[i], text_key, image_key, text_prob, image_prob)]
-    return out
-
-
 def _coin_keys(seed: int, epoch: int) -> tuple[np.uint64, np.uint64]:
     return np.uint64(stable_seed(seed, epoch, "cfg-text")), np.uint64(stable_seed(seed, epoch, "cfg-image"))
 
@@ -154,13 +144,12 @@ def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tupl
 
 
 def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, seed: int, epoch: int) -> np.ndarray:
-    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) and id hashes [N] -> [N] int32 each
-    sample's length under the CFG-dropout decision `cfg_dropout(seed, epoch, id)` the layout takes (int32,
-    not the table's narrow type, so sums and Python arithmetic on them do not wrap)."""
+    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both), id hashes [N] -> [N] int32 (not the
+    table's narrow type: sums must not wrap), each sample's length under `cfg_dropout(seed, epoch, id)`."""
     if stored.ndim != 2 or stored.shape != (hashes.size, 4):
         raise ValueError(f"stored lengths have shape {list(stored.shape)}, expected [{hashes.size}, 4]")
-    return _pick_lengths(np.ascontiguousarray(stored), hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob,
-                         cfg.uncond_image_prob)
+    variant = _variants(hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob, cfg.uncond_image_prob)
+    return np.take_along_axis(stored, variant[:, None].astype(np.intp), axis=1)[:, 0].astype(np.int32)
 
 
 def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator,

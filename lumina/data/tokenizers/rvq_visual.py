@@ -3,13 +3,10 @@
     tokenizer, report = fit_rvq(train_images, heldout_images, RVQSettings(...), image_size, max_patches=200_000)
     tokenizer.save("tok/")            # tok/visual_tokenizer.json + tok/rvq.safetensors
 
-Fitting is seeded and deterministic: the patch vectors of the training images (a seeded sample of
-`max_patches` of them when there are more) go through `RVQImageTokenizer.fit_vectors` (k-means++ and Lloyd steps
-per codebook on the residuals). The report gives the reconstruction PSNR of decode(encode(x)) on the held-out
-images: 10 log10(2^2 / MSE) with pixels in [-1, 1] (the same as 10 log10(1 / MSE) in [0, 1]), MSE pooled over
-every held-out pixel. Images may have any size whose sides are multiples of the patch (the built-in tokenizer
-codes H x W grids); `image_size` is the long edge the fitting images were resized to. Videos are coded frame
-by frame (temporal patch 1: grid t = the number of frames).
+Fitting is seeded: the patch vectors of the training images (a seeded sample of `max_patches` when there are
+more) go through `RVQImageTokenizer.fit_vectors`; the report gives the PSNR of decode(encode(x)) on held-out
+images (`psnr`). `image_size` is the long edge the fitting images were resized to. Videos are coded frame by
+frame (grid t = the number of frames).
 """
 
 from __future__ import annotations

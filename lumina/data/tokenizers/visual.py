@@ -6,15 +6,11 @@ A visual tokenizer works on images of any aspect ratio, H x W px with H and W mu
     decode(codes [B, h * w, C] or [h * w, C], grid (h, w)) -> pixels [B, 3, h * P, w * P] in [-1, 1]
 `image_size` is the default long edge image files are resized to (`lumina.data.pixels`): for the built-in
 tokenizer the size it was fitted at, for AToken the official tool's 1024.
-Implementations: `RVQVisualTokenizer` (the built-in residual VQ, fitted on your images, CPU) and
-`ATokenTokenizer` (the official model's AToken, when its package and weights are present);
+Implementations: `RVQVisualTokenizer` (built-in residual VQ) and `ATokenTokenizer` (the official AToken);
 `lumina.data.visual_tokenizers.load_visual_tokenizer` loads one by name.
 
-On disk a tokenizer is a directory holding `visual_tokenizer.json` ({"name", "version", ..., "weights"}) plus,
-for the built-in one, its weights file. A dataset built with
-a tokenizer saves a copy beside its shards and records `VisualTokenizerRecord` (name, version, C, K, patch,
-image size, path and the fingerprint of those files) in every shard's metadata, so that training, evaluation
-and generation find it, and notice when the files there were replaced.
+On disk a tokenizer is a directory holding `visual_tokenizer.json` (+ the built-in one's weights file). A
+dataset keeps a copy beside its shards and records its `VisualTokenizerRecord` in every shard.
 """
 
 from __future__ import annotations
