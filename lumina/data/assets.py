@@ -1,9 +1,8 @@
 """`DatasetAssets`: the tokenizers a dataset was built with, kept beside its shards and recorded in them.
 
-`lumina-data build` saves them under the output directory (`tokenizer.json`, `visual_tokenizer/`) and writes
-their paths, relative to the shard's directory, into each shard's metadata (`lumina.data.storage`). Readers
-resolve the paths; training checks the visual tokenizer against the model and the end-of-run HF export copies
-both files next to the weights, where `lumina-generate` finds them.
+`lumina-data build` saves them in the output directory (`tokenizer.json`, `visual_tokenizer/`) and records
+their paths, relative to the shard, in each shard (`lumina.data.storage`); the HF export copies them beside
+the weights, where `lumina-generate` finds them.
 """
 
 from __future__ import annotations

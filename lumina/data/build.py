@@ -115,7 +115,7 @@ PIXEL_KEYS = {"image": "file", "video": "files"}  # the key that holds a media k
 
 
 def parse_pixel_part(part: dict, kind: str, where: str, base_dir: str | Path, pixels: bool) -> PixelPart:
-    """An {"kind": "image", "file"} / {"kind": "video", "files"} part -> PixelPart (files checked to exist)."""
+    """An image "file" / video "files" part -> PixelPart (files checked to exist)."""
     key = PIXEL_KEYS.get(kind)
     if key is None or key not in part:
         raise _RowError(f"{where}: a {kind} part takes " + (f"its image files as {key!r}" if key else
@@ -167,9 +167,7 @@ def parse_part(part: Any, where: str, base_dir: str | Path, tokens: SpecialToken
         raise _RowError(f"{where}: a {kind} part needs exactly one of 'path', 'codes'{pixels_key}, got {sources}")
     if sources[0] in ("file", "files"):
         return parse_pixel_part(part, kind, where, base_dir, pixels)
-    grid = None
-    if "grid" in part:
-        grid = tuple(_int_list(part["grid"], f"{where}.grid"))
+    grid = tuple(_int_list(part["grid"], f"{where}.grid")) if "grid" in part else None
     if "path" in part:
         path = _require(part, "path", str, where)
         try:

@@ -67,8 +67,8 @@ def _read_many(jobs: list[tuple[Path, ...]], prep: Preparation) -> list[np.ndarr
 
 
 class FrameReader:
-    """Reads jobs (tuples of files) in this process or in `workers` forked processes; `submit` returns a
-    function that gives the results in job order. Use as a context manager (stops the pool)."""
+    """Reads jobs (tuples of files) here or in `workers` forked processes; `submit` returns a function giving
+    the results in job order. A context manager (stops the pool)."""
 
     def __init__(self, prep: Preparation, workers: int = 0):
         if workers < 0:
@@ -115,8 +115,7 @@ def _chunks(rows: Iterable[PendingRow], frames_per_chunk: int) -> Iterator[list[
 
 def encode_images(tokenizer: VisualTokenizer, arrays: list[np.ndarray], batch_size: int
                   ) -> list[tuple[torch.Tensor, tuple[int, int]]]:
-    """uint8 [H, W, 3] images (any sizes) -> (codes [h * w, C], grid) each, in order; the images of one size
-    are encoded batch_size at a time."""
+    """uint8 [H, W, 3] images (any sizes) -> (codes [h * w, C], grid) each, batch_size per size at a time."""
     by_size: dict[tuple[int, ...], list[int]] = {}
     for i, array in enumerate(arrays):
         by_size.setdefault(array.shape, []).append(i)
@@ -131,9 +130,8 @@ def encode_images(tokenizer: VisualTokenizer, arrays: list[np.ndarray], batch_si
 
 
 class PixelEncoder:
-    """Turns the PixelParts of streamed rows into Media through `tokenizer` (module docstring).
-    max_edge: the long edge images are resized to (None: the tokenizer's image_size; 0: keep the size);
-    progress: called with the number of frames encoded after each chunk."""
+    """Turns the PixelParts of streamed rows into Media (module docstring). max_edge: None the tokenizer's
+    image_size, 0 keeps the size; progress: called with the frames encoded after each chunk."""
 
     def __init__(self, tokenizer: VisualTokenizer, batch_size: int = 64, workers: int = 0,
                  progress: Callable[[int], None] | None = None, max_edge: int | None = None):

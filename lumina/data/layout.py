@@ -62,12 +62,9 @@ class Exchange:
 
 def plan_exchanges(sample: Sample, tokens: SpecialTokens, drop_text: bool = False,
                    drop_image: bool = False, check_values: bool = True) -> list[Exchange]:
-    """Validate the turn structure of `sample` and split it into exchanges, applying CFG dropout.
-
-    Turns: an optional leading system turn (text only), then user, assistant, user, assistant, ...; it must
-    end with an assistant turn. An assistant turn is text only or exactly one image; an image answer must be
-    the last turn. `check_values` also checks text ids and media codes (off for cheap length planning).
-    Raises ValueError naming the sample id and the offending field.
+    """Validate `sample`'s turns and split them into exchanges, applying CFG dropout; ValueError names the
+    sample and field. Turns: [system (text)], user, assistant, ..., ending with an assistant turn, which is
+    text only or exactly one image (then the last turn). `check_values`: also check ids and codes.
     """
     sid = sample.id
     turns = sample.turns
@@ -134,8 +131,8 @@ def layout_sample(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig,
 
 def layout_eval(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
                 t: float) -> TrainingSequence:
-    """A validation sequence at a fixed noise level: text tokens masked with probability t, image answers
-    with ceil(t * cells) masked cells; no CFG dropout; the masked positions are seeded by (seed, sample)."""
+    """A validation sequence at noise level t (text p(t), ceil(t * cells) image cells), no CFG dropout,
+    masked positions seeded by (seed, sample)."""
     exchanges = plan_exchanges(sample, tokens)
     gen = sample_generator(seed, 0, sample.id, "eval")
     return _assemble(sample.id, exchanges, tokens, noise_cfg, gen, fixed_t=t)

@@ -24,7 +24,7 @@ import torch
 
 from lumina.data.schema import Sample
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.storage import SampleDataset, settings_mismatch
+from lumina.data.storage import SampleDataset, checked_index, settings_mismatch
 
 
 def _seed(*parts: object) -> int:
@@ -156,9 +156,7 @@ class ConcatSampleDataset:
 
     def locate(self, index: int) -> tuple[str, int]:
         """Global index -> (source name, index in that source)."""
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"index={index} out of range for a dataset of {len(self)} samples")
-        index %= len(self)
+        index = checked_index(index, len(self))
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         return self.names[k], index - int(self._starts[k])
 

@@ -93,8 +93,7 @@ def _hash_strings(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> Non
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> np.ndarray:
-    """[N] uint64 hashes of sample ids (Arrow strings or Python str), the key of a sample's CFG-dropout coins;
-    computed from Arrow's buffers without a Python object per id."""
+    """[N] uint64 hashes of sample ids (Arrow strings or Python str), from Arrow's buffers."""
     if not isinstance(ids, pa.Array | pa.ChunkedArray):
         ids = pa.array(ids, pa.large_string())
     chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
@@ -136,8 +135,8 @@ def _coin_keys(seed: int, epoch: int) -> tuple[np.uint64, np.uint64]:
 
 
 def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tuple[bool, bool]:
-    """(drop_text, drop_image), two independent Bernoulli draws. The layout applies them only where they
-    mean something: drop_text to image-answer samples, drop_image to those whose prompt holds media."""
+    """(drop_text, drop_image), two independent seeded coins (the layout applies them where they mean
+    something)."""
     variant = int(_variants(id_hashes([sample_id]), *_coin_keys(seed, epoch), cfg.uncond_text_prob,
                             cfg.uncond_image_prob)[0])
     return bool(variant & 1), bool(variant & 2)
@@ -154,11 +153,9 @@ def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, se
 
 def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator,
                       fixed_t: float | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Mask decisions for the text answers of one sample (answer tokens incl. EOA, in turn order).
-
-    Returns per answer (masked [n] bool, t [n] float32). Each token is masked with the schedule's p(t); t is
-    U[t_min, t_max] per block or per sample (`fixed_t` overrides it). A unit with no masked token gets one,
-    chosen uniformly: every block (t_per="block") or every answer (t_per="sample") is supervised.
+    """Per text answer of one sample (tokens incl. EOA): (masked [n] bool, t [n] float32). Each token is
+    masked with the schedule's p(t), t ~ U[t_min, t_max] per block or sample (or `fixed_t`); every block
+    (t_per="block") or answer (t_per="sample") gets at least one masked token.
     """
     if fixed_t is not None and not 0.0 <= fixed_t <= 1.0:
         raise ValueError(f"fixed_t={fixed_t}: must lie in [0, 1]")
@@ -186,9 +183,8 @@ def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator
 
 def image_mask_count(num_cells: int, cfg: NoiseConfig, gen: torch.Generator,
                      fixed_ratio: float | None = None) -> int:
-    """How many of `num_cells` grid cells to mask: ceil(gamma(r) * N), r ~ U[0, 1) and gamma the schedule's
-    image masking ratio (the sampler's masked fraction at progress r), clamped to [1, N]. `fixed_ratio`
-    replaces the draw."""
+    """Cells to mask of `num_cells`: ceil(gamma(r) * N) clamped to [1, N], r ~ U[0, 1), gamma the schedule's
+    image mask ratio (`fixed_ratio` replaces gamma(r))."""
     if num_cells <= 0:
         raise ValueError(f"num_cells={num_cells}: must be positive")
     if fixed_ratio is None:

@@ -32,8 +32,7 @@ PLAN_VERSION = 2  # 1: CFG-dropout coins from one torch.Generator per sample; 2:
 
 @dataclass(frozen=True, eq=False)
 class EpochPlan:
-    """The p-th pack of the epoch (training order) is `packing`'s pack order[p]; lengths[i] = laid-out length
-    of sample i this epoch. Flat arrays only: order int64 [num_packs], lengths [N] (the source's dtype)."""
+    """Pack p of the epoch is `packing`'s pack order[p] (int64 [num_packs]); lengths [N]: this epoch's."""
 
     epoch: int
     packing: Packing
@@ -109,12 +108,8 @@ def _check_world(rank: int, world_size: int) -> None:
 
 
 class PackSchedule:
-    """One rank's position in the training stream: epoch, global pack cursor, steps consumed.
-
-    `begin(epoch)` starts (or continues) an epoch and returns this rank's remaining packs;
-    `consumed()` is called once per training step actually finished; `state_dict()` / `load_state_dict()`
-    carry (epoch, cursor) across a restart, at the same or a different world size.
-    """
+    """One rank's position in the training stream: `begin(epoch)` returns this rank's remaining packs,
+    `consumed()` counts finished steps, the state dict carries (epoch, cursor) across a restart."""
 
     def __init__(self, lengths: Callable[[int], Sequence[int]], seq_len: int, seed: int,
                  overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None,

@@ -1,10 +1,8 @@
 """`SpecialTokens`: every special id the layout writes, plus the token-space sizes it validates against.
 
-Text ids live in the word vocabulary (`text_vocab_size` rows); image-code ids live in the per-codebook
-image tables (`image_vocab_size` rows), where 0..codebook_size-1 are real codes and the markers sit above.
-`official()` gives the InternLumina-U2 values (contract section 7); a built-in tokenizer passes its own ids.
-The prompt template's tokens (`TEMPLATE_FIELDS`: the media placeholders and the tokenizer's "\n") are -1 where
-a vocabulary has none; the official contract fixes the placeholders, "\n" comes from the tokenizer.
+Text ids index the word vocabulary (`text_vocab_size`); image-code ids the per-codebook image tables
+(`image_vocab_size`: codes 0..codebook_size-1, markers above). `official()` gives the InternLumina-U2 values
+(contract section 7). The template's tokens (`TEMPLATE_FIELDS`) are -1 where a vocabulary has none.
 """
 
 from __future__ import annotations
@@ -73,8 +71,7 @@ class SpecialTokens:
 
     @classmethod
     def from_record(cls, fields: dict, where: str) -> SpecialTokens:
-        """SpecialTokens from a stored record (a dataset's metadata); records written before the prompt template
-        (no TEMPLATE_FIELDS) are refused, since their samples were laid out without it."""
+        """SpecialTokens from a dataset's stored record; one without TEMPLATE_FIELDS (older data) is refused."""
         missing = [f for f in TEMPLATE_FIELDS if f not in fields]
         if missing:
             raise ValueError(f"{where}: special tokens recorded without {missing}: the data predates the prompt "

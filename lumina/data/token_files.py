@@ -41,8 +41,7 @@ SIZE_KEYS = ("image_height", "image_width")
 
 
 def _numpy_globals() -> list[Any]:
-    """The NumPy objects a pickled ndarray / scalar refers to, under the names NumPy 1 and 2 write (NumPy 2
-    rebuilds each dtype through its DType class, so the integer, float and bool ones are listed)."""
+    """The NumPy objects a pickled ndarray / scalar refers to, under NumPy 1's and 2's names (2's DType classes)."""
     core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
     found: list[Any] = [np.ndarray, np.dtype]
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
@@ -139,8 +138,8 @@ def media_grid(coords: torch.Tensor, kind: str) -> tuple[int, ...]:
 
 
 def grid_order(coords: torch.Tensor, kind: str, where: str) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """(permutation putting the tokens in grid order, grid) of validated coords; raises TokenFileError naming
-    `where` unless every grid cell appears exactly once (images: already in row-major order)."""
+    """(permutation into grid order, grid) of validated coords; TokenFileError naming `where` unless every
+    cell appears exactly once (images: already row-major)."""
     axes = GRID_AXES[kind][coords.shape[1]]
     grid = media_grid(coords, kind)
     n = coords.shape[0]
@@ -193,8 +192,7 @@ def validate_token_dict(data: Any, path: str | Path, kind: str, num_codebooks: i
 
 def read_token_file(path: str | Path, kind: str, num_codebooks: int = ATOKEN_CODES[0],
                     codebook_size: int = ATOKEN_CODES[1]) -> TokenFile:
-    """An official `.pkl` / `.pt` token file (a local path or a URL) -> TokenFile (codes in grid order, grid,
-    recorded image size)."""
+    """An official `.pkl` / `.pt` token file (a local path or a URL) -> TokenFile."""
     return validate_token_dict(load_token_dict(path), path, kind, num_codebooks, codebook_size)
 
 
@@ -209,7 +207,7 @@ def image_coords(grid: tuple[int, int]) -> torch.Tensor:
 def token_file_dict(codes: torch.Tensor, grid: tuple[int, int], image_size: tuple[int, int] | None = None
                     ) -> dict[str, Any]:
     """An image's token file as `tools/tokenize_image.py` writes it: indices int32 [N, C], coords int32 [N, 5],
-    plus image_width / image_height when image_size (height, width) is given."""
+    image_width / image_height from image_size (height, width) when given."""
     if codes.dim() != 2 or codes.shape[0] != math.prod(grid):
         raise ValueError(f"codes has shape {list(codes.shape)}; expected [{math.prod(grid)}, C] for grid {grid}")
     doc: dict[str, Any] = {"indices": codes.to(torch.int32).cpu(), "coords": image_coords(grid)}

@@ -1,10 +1,9 @@
 """`ATokenTokenizer`: the released model's visual tokenizer, AToken, driven as the official InternLumina-U2 code
 drives it (8 codebooks of 4096 codes per 16 x 16 px patch; videos in temporal patches of 4 frames).
 
-AToken itself is not part of lumina: it is the `atoken_inference` package of the user's checkout of the official
-repository (on PYTHONPATH, or `package_path` = the checkout's root), with its config and checkpoint from
-`config` / `checkpoint` or the official environment variables ATOKEN_CONFIG_PATH / ATOKEN_MODEL_PATH. Without
-the package or the files `from_pretrained` raises one `ATokenUnavailable` naming everything missing.
+AToken is the `atoken_inference` package of the user's official checkout (on PYTHONPATH, or `package_path`),
+with config and checkpoint from the arguments or $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; without them
+`from_pretrained` raises one `ATokenUnavailable` naming everything missing.
 
 The calls and tensor conventions, with the official file each comes from:
     ATokenWrapper(config_path, model_path).cuda().to(torch.bfloat16).eval()    tools/tokenize_image.py
@@ -19,9 +18,8 @@ The calls and tensor conventions, with the official file each comes from:
         image coords written (0, 0, row, col, 0), row-major                        infer_t2i_sft.py
     atoken_inference.model.utils.sparse_to_img_list(decoded.cpu(), [4, 16, 16], task_types=["image"])[0]
         -> [1, 3, H, W] in [-1, 1]                                                 tools/tokenize_image.py
-Each image is encoded and decoded in its own call, as the official scripts do. Not confirmable without the
-weights: that `sparse_to_img_list(..., task_types=["video"])[0]` gives a video's frames [T, 3, H, W] (the
-image case's leading 1 being its one frame), used by `decode_video`.
+Each image is encoded and decoded in its own call, as the official scripts do. Unconfirmed without the
+weights: that `sparse_to_img_list(..., task_types=["video"])[0]` gives frames [T, 3, H, W] (`decode_video`).
 """
 
 from __future__ import annotations

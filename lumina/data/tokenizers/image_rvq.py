@@ -67,19 +67,9 @@ class RVQImageTokenizer:
         if tuple(codebooks.shape) != expected:
             raise ValueError(f"codebooks has shape {list(codebooks.shape)}, expected {list(expected)} for {settings}")
         self.codebooks = codebooks.float().contiguous()
-        self.settings = settings
-
-    @property
-    def patch_size(self) -> int:
-        return self.settings.patch_size
-
-    @property
-    def num_codebooks(self) -> int:
-        return self.settings.num_codebooks
-
-    @property
-    def codebook_size(self) -> int:
-        return self.settings.codebook_size
+        self.settings = settings  # frozen: its sizes are copied once
+        self.patch_size, self.num_codebooks = settings.patch_size, settings.num_codebooks
+        self.codebook_size = settings.codebook_size
 
     # ---- patches ----
     def _check_images(self, images: torch.Tensor) -> None:

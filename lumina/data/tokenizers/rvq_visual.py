@@ -41,18 +41,7 @@ class RVQVisualTokenizer:
         if not isinstance(image_size, int) or image_size <= 0 or image_size % rvq.patch_size:
             raise ValueError(f"image_size={image_size!r}: must be a positive multiple of patch_size={rvq.patch_size}")
         self.rvq, self.image_size, self.report = rvq, image_size, dict(report or {})
-
-    @property
-    def num_codebooks(self) -> int:
-        return self.rvq.num_codebooks
-
-    @property
-    def codebook_size(self) -> int:
-        return self.rvq.codebook_size
-
-    @property
-    def patch_size(self) -> int:
-        return self.rvq.patch_size
+        self.num_codebooks, self.codebook_size, self.patch_size = rvq.num_codebooks, rvq.codebook_size, rvq.patch_size
 
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, H, W] in [-1, 1] -> codes [B, h * w, C], grid (h, w) = (H / P, W / P)."""
