@@ -40,20 +40,8 @@ class EpochPlan:
     lengths: np.ndarray
 
     @property
-    def seq_len(self) -> int:
-        return self.packing.seq_len
-
-    @property
     def num_packs(self) -> int:
         return len(self.order)
-
-    @property
-    def skipped(self) -> np.ndarray:
-        return self.packing.skipped
-
-    @property
-    def fill_ratio(self) -> float:
-        return self.packing.fill_ratio
 
     def pack(self, p: int) -> tuple[int, ...]:
         """Sample indices of the p-th pack of the epoch."""
@@ -66,7 +54,7 @@ class EpochPlan:
     @cached_property
     def _digest(self) -> str:
         h = hashlib.blake2b(digest_size=8)
-        h.update(f"v{PLAN_VERSION}:{self.epoch}:{self.seq_len}:{len(self.lengths)}".encode())
+        h.update(f"v{PLAN_VERSION}:{self.epoch}:{self.packing.seq_len}:{len(self.lengths)}".encode())
         for array in (self.order, self.packing.offsets, self.packing.members):
             h.update(np.ascontiguousarray(array).data)
         return h.hexdigest()
@@ -136,9 +124,9 @@ class PackSchedule:
                                     self.sample_id, self.order)
             plan = self._plan
             log.info("epoch %d: %d samples -> %d packs of %d tokens, fill ratio %.4f", epoch, len(plan.lengths),
-                     plan.num_packs, self.seq_len, plan.fill_ratio)
-            if plan.skipped.size:
-                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch, len(plan.skipped),
+                     plan.num_packs, self.seq_len, plan.packing.fill_ratio)
+            if plan.packing.skipped.size:
+                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch, len(plan.packing.skipped),
                             self.seq_len)
         return self._plan
 
