@@ -28,9 +28,8 @@ PACK_ORDERS = ("shuffled", "longest_first")
 
 @dataclass(frozen=True, eq=False)
 class Packing:
-    """Packs as flat arrays (CSR): pack p holds sample indices `members[offsets[p]:offsets[p + 1]]` in placement
-    order; pack_tokens[p] = their summed length; skipped = indices of samples longer than seq_len (policy
-    "skip"), ascending. members: int32 (int64 past 2**31 samples); offsets, pack_tokens, skipped: int64."""
+    """Packs as flat arrays (CSR): pack p holds samples `members[offsets[p]:offsets[p + 1]]` (int32, int64 past
+    2**31 samples) in placement order; skipped: ascending indices of overlong samples (policy "skip")."""
 
     seq_len: int
     offsets: np.ndarray  # [num_packs + 1]
@@ -170,11 +169,10 @@ def _group_members(assign: np.ndarray, placement: np.ndarray, offsets: np.ndarra
 def best_fit(lengths: np.ndarray | Sequence[int], seq_len: int, rng: np.random.Generator,
              order: PackOrder = "shuffled", overlong: OverlongPolicy = "error",
              sample_id: Callable[[int], str] | None = None) -> Packing:
-    """Pack samples of the given laid-out lengths into packs of at most `seq_len` tokens.
+    """Pack samples of the given laid-out lengths [N] into packs of at most `seq_len` tokens, none split.
 
-    No sample is split. A sample longer than `seq_len` raises ValueError naming it (policy "error") or is
-    left out and listed in `Packing.skipped` (policy "skip"). `rng` draws the placement order (`order`
-    "shuffled") or orders samples of equal length ("longest_first"). O(n), compiled.
+    A sample longer than `seq_len` raises ValueError naming it ("error") or is listed in `Packing.skipped`
+    ("skip"). `rng` draws the placement order ("shuffled") or the order of equal lengths ("longest_first").
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be positive")

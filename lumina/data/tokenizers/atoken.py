@@ -7,13 +7,10 @@ with config and checkpoint from the arguments or $ATOKEN_CONFIG_PATH / $ATOKEN_M
 
 The calls and tensor conventions, with the official file each comes from:
     ATokenWrapper(config_path, model_path).cuda().to(torch.bfloat16).eval()    tools/tokenize_image.py
-        (here .to(device); device "cuda" by default, refused without CUDA unless set explicitly, e.g. "cpu")
     wrapper.image_video_to_sparse_tensor([image [H, W, 3] float in [-1, 1]])     tools/tokenize_image.py
     wrapper.image_video_to_sparse_tensor([frames [T, H, W, 3]]), T % 4 == 0      infer_video_sft.py
         -> a sparse tensor with .feats and .coords [batch, t, h, w, z]            atoken_inference/atoken_wrapper.py
-    wrapper.extract_encode(sparse) -> (indices [N, 8], coords [N, 5])             tools/tokenize_image.py
-        image coords: column 2 = row, 3 = column, row-major                        utils/media_token_io.py
-        video coords: [batch, t, x, y, z], x = width                               utils/media_token_io.py
+    wrapper.extract_encode(sparse) -> (indices [N, 8], coords [N, 5] as `lumina.data.token_files` reads them)
     wrapper.extract_decode(indices [N, 8], coords [N, 5] int32)                   infer_t2i_sft.py
         image coords written (0, 0, row, col, 0), row-major                        infer_t2i_sft.py
     atoken_inference.model.utils.sparse_to_img_list(decoded.cpu(), [4, 16, 16], task_types=["image"])[0]

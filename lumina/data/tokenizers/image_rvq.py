@@ -1,10 +1,8 @@
 """Built-in image tokenizer: a C-codebook residual vector quantiser over non-overlapping pixel patches.
 
-Stands in for AToken on CPU. An image [3, H, W] in [-1, 1] is cut into P x P patches (row-major grid
-h = H / P, w = W / P); each patch vector (3 * P * P values) is quantised greedily by C codebooks of K
-centroids, codebook c coding the residual left by codebooks 0..c-1. Codes are [h * w, C] ints in [0, K),
-the layout of an official token file's `indices`. Codebooks are fitted by seeded k-means (k-means++ init,
-Lloyd iterations) on the distinct patches of a set of images, weighted by how often each occurs.
+Stands in for AToken on CPU: each P x P patch vector of an image [3, H, W] in [-1, 1] is quantised greedily
+by C codebooks of K centroids, codebook c coding the residual of codebooks 0..c-1 -> codes [h * w, C] in
+[0, K). Codebooks are fitted by seeded weighted k-means (k-means++ init, Lloyd steps) on distinct patches.
 """
 
 from __future__ import annotations
@@ -94,9 +92,7 @@ class RVQImageTokenizer:
 
     # ---- codes ----
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64.
-
-        Each distinct patch is quantised once (scene images repeat few patches), then scattered back."""
+        """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64 (each distinct patch once)."""
         patches = self.patches(images)
         b, n, d = patches.shape
         distinct, inverse = torch.unique(patches.reshape(-1, d), dim=0, return_inverse=True)
