@@ -95,7 +95,6 @@ def _known_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
         raise _RowError(f"{where}: unknown key {unknown[0]!r} (expected keys among {list(allowed)})")
 
 
-# ---- rows ----
 def _require(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if key not in obj:
         raise _RowError(f"{where}: missing field {key!r}")

@@ -90,7 +90,6 @@ def validate_sample(sample: Sample, tokens: SpecialTokens) -> None:
                 raise ValueError(f"{where} is {type(part).__name__}; expected Text or Media")
 
 
-# ---- rows ----
 def sample_to_row(sample: Sample, lengths: Sequence[int]) -> dict:
     turns = []
     for turn in sample.turns:
@@ -128,7 +127,6 @@ def row_to_sample(row: dict, num_codebooks: int, where: str = "row") -> Sample:
     return Sample(row["id"], turns, source=row["source"])
 
 
-# ---- metadata ----
 def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None) -> dict[bytes, bytes]:
     """assets: paths already relative to the shard's directory."""
     doc = {"format": FORMAT, "version": VERSION, "special_tokens": dataclasses.asdict(tokens)}
@@ -162,7 +160,6 @@ def settings_mismatch(found: SpecialTokens, expected: SpecialTokens) -> list[str
     return [f"{k}: found {a[k]}, expected {b[k]}" for k in a if a[k] != b[k]]
 
 
-# ---- writing ----
 class ShardWriter:
     """Writes validated samples with unique ids to `out_dir/{prefix}-00000.parquet`, ..., `rows_per_shard`
     rows each; lengths from `length_fn` (default the layout's); `assets` (absolute paths) recorded in each."""
@@ -225,7 +222,6 @@ def write_samples(samples: Iterable[Sample], out_dir: str | Path, tokens: Specia
     return writer.paths
 
 
-# ---- reading ----
 class SampleDataset(Protocol):
     """Random access to samples; `laid_out_lengths()` [N, 4] in the narrowest unsigned type, `id_hashes()` [N]
     uint64 (`noise.id_hashes`), `tokens` the SpecialTokens the lengths were computed with."""

@@ -108,7 +108,6 @@ class ATokenTokenizer:
     def device(self) -> torch.device:
         return next(self.wrapper.parameters()).device
 
-    # ---- encode ----
     def _extract(self, media: torch.Tensor, kind: str, grid: tuple[int, ...], where: str) -> torch.Tensor:
         """One image [H, W, 3] / video [T, H, W, 3] in [-1, 1] -> codes [N, 8] int64 in grid order."""
         with torch.inference_mode():
@@ -143,7 +142,6 @@ class ATokenTokenizer:
         grid = (frames.shape[0] // self.temporal_patch, h, w)
         return self._extract(frames.permute(0, 2, 3, 1), "video", grid, "frames"), grid
 
-    # ---- decode ----
     def _reconstruct(self, codes: torch.Tensor, coords: torch.Tensor, task: str) -> torch.Tensor:
         with torch.inference_mode():
             decoded = self.wrapper.extract_decode(codes.long().to(self.device), coords.to(self.device, torch.int32))
@@ -178,7 +176,6 @@ class ATokenTokenizer:
             raise ValueError(f"AToken sparse_to_img_list gave {list(frames.shape)}; expected {list(expected)}")
         return frames
 
-    # ---- files ----
     def save(self, directory: str | Path) -> Path:
         """visual_tokenizer.json only: it points at the official package, config and checkpoint (never copied)."""
         directory = Path(directory)

@@ -69,7 +69,6 @@ class RVQImageTokenizer:
         self.patch_size, self.num_codebooks = settings.patch_size, settings.num_codebooks
         self.codebook_size = settings.codebook_size
 
-    # ---- patches ----
     def _check_images(self, images: torch.Tensor) -> None:
         p = self.patch_size
         if images.dim() != 4 or images.shape[1] != 3 or images.shape[2] % p or images.shape[3] % p:
@@ -90,7 +89,6 @@ class RVQImageTokenizer:
         x = vectors.reshape(b, h, w, 3, p, p).permute(0, 3, 1, 4, 2, 5)
         return x.reshape(b, 3, h * p, w * p)
 
-    # ---- codes ----
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64 (each distinct patch once)."""
         patches = self.patches(images)
@@ -117,7 +115,6 @@ class RVQImageTokenizer:
         images = self._unpatch(vectors, h, w).clamp(-1, 1)
         return images[0:1] if single else images
 
-    # ---- fitting ----
     @classmethod
     def fit(cls, images: torch.Tensor, settings: RVQSettings = DEFAULT_RVQ) -> RVQImageTokenizer:
         """Fit the C codebooks on images [B, 3, H, W] in [-1, 1], deterministically from settings.seed."""
@@ -138,7 +135,6 @@ class RVQImageTokenizer:
             books.append(book)
         return cls(torch.stack(books).float(), settings)
 
-    # ---- files ----
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
