@@ -11,7 +11,8 @@ Reading (`read_token_file`) follows the official reader (InternLumina-U2 `utils/
         video   (batch, t, x, y, z)            column 1 = t, 2 = x (width), 3 = y; grid (t, h, w)
         mesh3d  (x, y, z) or (batch, t, x, y, z)                                  grid (z, y, x)
       Image tokens must be in row-major order already; video and 3-D tokens are sorted into (t, y, x) /
-      (z, y, x) order (as `add_break_line_multi_codebook_3d`). Every cell appears exactly once.
+      (z, y, x) order (as `add_break_line_multi_codebook_3d`). Every cell appears exactly once; the other
+      columns are constant (one medium per file).
 Optional "image_width" / "image_height" (written by `tools/tokenize_image.py` and `token_file_dict`) must be
 positive integers. Every error names the file and the field.
 """
@@ -132,16 +133,11 @@ def _image_size(data: dict, path: str | Path) -> tuple[int, int] | None:
     return size[0], size[1]
 
 
-def media_grid(coords: torch.Tensor, kind: str) -> tuple[int, ...]:
-    """The grid a kind's coords [N, k] span (module docstring: column meanings per kind)."""
-    return tuple(int(coords[:, a].max()) + 1 for a in GRID_AXES[kind][coords.shape[1]])
-
-
 def grid_order(coords: torch.Tensor, kind: str, where: str) -> tuple[torch.Tensor, tuple[int, ...]]:
     """(permutation into grid order, grid) of validated coords; TokenFileError naming `where` unless every
     cell appears exactly once (images: already row-major)."""
     axes = GRID_AXES[kind][coords.shape[1]]
-    grid = media_grid(coords, kind)
+    grid = tuple(int(coords[:, a].max()) + 1 for a in axes)
     n = coords.shape[0]
     if n != math.prod(grid):
         raise TokenFileError(f"{where}: coords has {n} rows but spans the grid {grid} ({math.prod(grid)} cells)")

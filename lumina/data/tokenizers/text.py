@@ -21,7 +21,7 @@ SPECIAL_TOKEN_STRINGS = (
     "<3D_CONTEXT>", "<IMG_CONTEXT>", "<VIDEO_CONTEXT>", "<answer>", "</answer>",
     "<BOI>", "<EOI>", "<BO3d>", "<EO3d>", "<BOV>", "<EOV>", NEWLINE,
 )
-PAD, UNK = "<|pad|>", "<|unk|>"
+UNK = "<|unk|>"
 # What a word-level vocabulary of an older lumina lacks (refused by `WordTokenizer.load`).
 VOCABULARY_CHANGE = "lumina's word vocabularies gained the prompt template's '\\n' token (id 19)"
 
@@ -57,10 +57,6 @@ class WordTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return self.special_ids[PAD]
 
     def encode(self, text: str) -> list[int]:
         ids = []
