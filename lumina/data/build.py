@@ -236,8 +236,7 @@ class RawRow:
 
 
 def manifest_rows(manifests: list[str | Path]) -> Iterator[RawRow]:
-    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order; a manifest without a
-    row is an error."""
+    """The non-blank lines of JSONL manifests (paths or URLs, streamed); a manifest without rows raises."""
     for manifest in manifests:
         manifest = manifest if is_url(manifest) else Path(manifest)
         if not is_file(manifest):
@@ -261,8 +260,8 @@ def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: Speci
                  on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
                  source: str = "default", pixels: PixelEncoder | None = None,
                  assets: DatasetAssets | None = None) -> BuildReport:
-    """Build Parquet shards under `out_dir` from JSONL manifests (module docstring). pixels: the encoder of
-    image / video file parts; assets: the tokenizers to record in every shard (`lumina.data.assets`)."""
+    """Build Parquet shards under `out_dir` from JSONL manifests (module docstring); `pixels` encodes image
+    files, `assets` are recorded in every shard."""
     return build_rows(manifest_rows(manifests), out_dir, tokens, tokenizer, length_fn, on_error, rows_per_shard,
                       source, pixels, assets)
 

@@ -29,8 +29,7 @@ PAD_TOKEN_ID = 156892  # official pad_token_id
 
 @dataclass
 class SourceSpec:
-    """One data source of the mixture: a name, its sampling weight and where it lives
-    (`path` = Parquet shards; None = the built-in procedural world). `options` pass through to the source."""
+    """A mixture source: name, weight, `path` (Parquet shards; None: the built-in world), source `options`."""
 
     name: str
     weight: float = 1.0
@@ -40,8 +39,7 @@ class SourceSpec:
 
 @dataclass
 class DataConfig:
-    """Data settings (Hydra-instantiable). `noise` passes through to the layout's NoiseConfig;
-    validation lays out the held-out source at the fixed noise level `val_noise_t` with seed `val_seed`."""
+    """Data settings (Hydra-instantiable); `noise`: NoiseConfig fields; validation at `val_noise_t`, `val_seed`."""
 
     seq_len: int = 4096
     seed: int = 0

@@ -56,8 +56,7 @@ SYSTEM_PROMPT_TASK = {"t2i": "t2i", "caption": "understand"}  # imagefolder task
 
 
 def caption_words(rows: list[RawRow], caption_prompt: str = CAPTION_PROMPT) -> list[str]:
-    """Every whitespace-separated word of the captions, the caption prompt and the system prompts, sorted (a
-    vocabulary)."""
+    """The sorted words of the captions, the caption prompt and the system prompts (a vocabulary)."""
     words = set(caption_prompt.split())
     for task in SYSTEM_PROMPT_TASK.values():
         words.update(OFFICIAL_SYSTEM_PROMPTS[task].split())

@@ -49,10 +49,7 @@ from lumina.data.special_tokens import PLACEHOLDER_FIELDS, UNSET, SpecialTokens
 
 @dataclass
 class Exchange:
-    """One prompt turn and its answer, after validation and CFG dropout.
-
-    answer_text: answer token ids without EOA (text answer), or None.
-    answer_image: the image to generate (image answer), or None."""
+    """One prompt turn and its answer (ids without EOA, or the image), after validation and CFG dropout."""
 
     prompt_parts: list[Part]
     system: list[int] | None
@@ -174,8 +171,7 @@ def _assemble(sid: str, exchanges: list[Exchange], tokens: SpecialTokens, cfg: N
 
 def _noise_rows(piece: TrainingSequence, rows: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
                 mask_id: int) -> None:
-    """In place: answer rows `rows` get noise_t = t and answer_mask; the masked ones get mask_id in every
-    column and their original ids as labels."""
+    """In place: `rows` get noise_t = t and answer_mask; the masked ones get mask_id, labels their ids."""
     hit = rows[masked]
     piece.labels[hit] = piece.input_ids[hit]
     piece.input_ids[hit] = mask_id

@@ -54,8 +54,7 @@ class EpochMix:
 
     @property
     def items(self) -> list[tuple[str, int]]:
-        """The slots as (source name, index) Python pairs, for inspection (O(n) objects; the data path reads
-        `source` and `index`)."""
+        """The slots as (source name, index) Python pairs, for inspection (O(n) objects)."""
         return [(self.names[k], i) for k, i in zip(self.source.tolist(), self.index.tolist(), strict=True)]
 
     def item(self, slot: int) -> tuple[str, int]:
@@ -112,8 +111,7 @@ class MixturePlan:
         return mix
 
     def gather(self, mix: EpochMix, tables: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Per-source tables (name -> [len(source), ...]) -> [n, ...] the rows of the drawn items, slot order
-        (in the tables' common type)."""
+        """Per-source tables (name -> [len(source), ...]) -> [n, ...] rows of the drawn items, slot order."""
         arrays = [np.asarray(tables[name]) for name in self.names]
         dtype = np.result_type(*arrays)
         out = np.empty((len(mix.index), *arrays[0].shape[1:]), dtype)
@@ -129,8 +127,7 @@ class MixturePlan:
         return self.sources[name][index]
 
     def lengths(self, mix: EpochMix) -> np.ndarray:
-        """[n, 4] stored laid-out lengths (keep, drop_text, drop_image, drop_both) of the items, in the stored
-        tables' type."""
+        """[n, 4] stored laid-out lengths of the items, in the stored tables' type."""
         return self.gather(mix, {name: self.sources[name].laid_out_lengths() for name in self.names})
 
 

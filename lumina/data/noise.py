@@ -135,8 +135,7 @@ def _coin_keys(seed: int, epoch: int) -> tuple[np.uint64, np.uint64]:
 
 
 def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tuple[bool, bool]:
-    """(drop_text, drop_image), two independent seeded coins (the layout applies them where they mean
-    something)."""
+    """(drop_text, drop_image): two independent seeded coins."""
     variant = int(_variants(id_hashes([sample_id]), *_coin_keys(seed, epoch), cfg.uncond_text_prob,
                             cfg.uncond_image_prob)[0])
     return bool(variant & 1), bool(variant & 2)

@@ -80,8 +80,7 @@ def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
 
 
 def to_signed(arrays: np.ndarray | list[np.ndarray]) -> torch.Tensor:
-    """uint8 [B, H, W, 3] (or a list of equal-sized [H, W, 3]) -> float32 [B, 3, H, W] in [-1, 1], computed as
-    the official tools do: x / 255 * 2 - 1."""
+    """uint8 [B, H, W, 3] (or a list of [H, W, 3]) -> float32 [B, 3, H, W] in [-1, 1] as x / 255 * 2 - 1."""
     stacked = np.stack(arrays) if isinstance(arrays, list) else arrays
     return (torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 255.0) * 2 - 1
 

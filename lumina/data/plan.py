@@ -136,8 +136,8 @@ class PackSchedule:
         return min(self.start_cursor + self.steps * self.world_size, self.plan().num_packs)
 
     def begin(self, epoch: int) -> list[int | None]:
-        """Enter `epoch` (a loaded state for it resumes at its cursor; the epoch in progress continues
-        where it is; any other epoch starts at 0). Returns this rank's remaining packs, one per step."""
+        """This rank's remaining packs of `epoch`, one per step, from a loaded state's cursor, where the epoch
+        in progress stands, or 0."""
         if self._pending is not None and self._pending["epoch"] == epoch:
             self._apply(self._pending)
             if int(self._pending["world_size"]) != self.world_size:

@@ -136,8 +136,7 @@ def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None
 
 
 def read_metadata(path: str | Path, schema: pa.Schema) -> tuple[SpecialTokens, DatasetAssets]:
-    """The SpecialTokens and tokenizers (paths resolved; empty when none) the shard at `path` records in its
-    Arrow schema's metadata."""
+    """The SpecialTokens and tokenizers (paths resolved) recorded in the Arrow schema of the shard at `path`."""
     meta = schema.metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")
@@ -295,8 +294,7 @@ def _remote_shards(url: str, retry: Retry) -> list[str]:
 
 @dataclass(frozen=True)
 class _ShardIndex:
-    """One shard's settings, tokenizers, footer and byte size (payload reads then fetch only their column
-    chunks), lengths [n, 4], ids."""
+    """One shard's settings, tokenizers, footer and byte size (for payload reads), lengths [n, 4], ids."""
 
     tokens: SpecialTokens
     assets: DatasetAssets

@@ -202,8 +202,7 @@ def image_coords(grid: tuple[int, int]) -> torch.Tensor:
 
 def token_file_dict(codes: torch.Tensor, grid: tuple[int, int], image_size: tuple[int, int] | None = None
                     ) -> dict[str, Any]:
-    """An image's token file as `tools/tokenize_image.py` writes it: indices int32 [N, C], coords int32 [N, 5],
-    image_width / image_height from image_size (height, width) when given."""
+    """An image's token file as `tools/tokenize_image.py` writes it (image_size: (height, width) or None)."""
     if codes.dim() != 2 or codes.shape[0] != math.prod(grid):
         raise ValueError(f"codes has shape {list(codes.shape)}; expected [{math.prod(grid)}, C] for grid {grid}")
     doc: dict[str, Any] = {"indices": codes.to(torch.int32).cpu(), "coords": image_coords(grid)}

@@ -78,8 +78,7 @@ class RVQVisualTokenizer:
 
 
 def patch_sample(images: list[torch.Tensor], patch_size: int, max_patches: int | None, seed: int) -> torch.Tensor:
-    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes); a seeded sample of `max_patches` when M is
-    larger."""
+    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes), a seeded `max_patches` of them at most."""
     probe = RVQImageTokenizer(torch.zeros(1, 1, 3 * patch_size**2), RVQSettings(patch_size, 1, 1))
     vectors = torch.cat([probe.patches(image[None])[0] for image in images])
     if max_patches is not None and vectors.shape[0] > max_patches:

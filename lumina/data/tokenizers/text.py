@@ -112,8 +112,7 @@ class WordTokenizer:
 
 
 class HFTokenizer:
-    """A checkpoint's `tokenizer.json`; `encode` adds no special tokens, `special_ids` are the official ones
-    it defines."""
+    """A checkpoint's `tokenizer.json`; `encode` adds no special tokens."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

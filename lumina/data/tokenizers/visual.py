@@ -44,8 +44,7 @@ class VisualTokenizer(Protocol):
 
 
 def check_pixels(pixels: torch.Tensor, patch_size: int, what: str) -> tuple[int, int]:
-    """The grid (H / P, W / P) of pixels [B, 3, H, W]; raises ValueError naming `what` unless H and W are positive
-    multiples of patch_size P."""
+    """The grid (H / P, W / P) of pixels [B, 3, H, W]; ValueError naming `what` unless H, W are positive multiples of P."""
     p = patch_size
     if pixels.dim() != 4 or pixels.shape[1] != 3 or pixels.shape[2] < p or pixels.shape[3] < p or \
             pixels.shape[2] % p or pixels.shape[3] % p:
@@ -55,8 +54,7 @@ def check_pixels(pixels: torch.Tensor, patch_size: int, what: str) -> tuple[int,
 
 
 def directory_fingerprint(directory: str | Path) -> str:
-    """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and, when its "weights" is a file in
-    the directory, of that file: identical files, identical fingerprint."""
+    """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and its "weights" file, if any."""
     digest = hashlib.sha256((Path(directory) / CONFIG_FILE).read_bytes())
     weights = Path(directory) / str(read_config(directory).get("weights", ""))
     if weights.is_file() and weights.parent.resolve() == Path(directory).resolve():
@@ -66,8 +64,7 @@ def directory_fingerprint(directory: str | Path) -> str:
 
 @dataclass(frozen=True)
 class VisualTokenizerRecord:
-    """What a dataset records of its visual tokenizer. `path`: the saved tokenizer directory (relative to the
-    shard's directory inside shard metadata, resolved when read); `fingerprint`: `directory_fingerprint` of it."""
+    """What a dataset records of its visual tokenizer; `path` is relative to the shard inside its metadata."""
 
     name: str
     version: int
