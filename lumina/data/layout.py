@@ -4,16 +4,13 @@ Layout of a sample with exchanges (prompt_k, answer_k), k = 0..K-1:
 
     [prompt_0 | answer_0 | prompt_1 | answer_1 | ... | memory of text answers, in turn order]
 
-- prompt_k (turn 2k): `<system>..</system>` (k = 0 only, when the sample has a system turn) +
-  `<user>..</user>`, clean, block -1 (see `layout_pieces.layout_prompt`).
+- prompt_k (turn 2k): `layout_pieces.layout_prompt` (the system turn with k = 0 only), clean, block -1.
 - text answer_k (turn 2k+1): BOA + answer tokens + EOA, noisy (each token masked with the schedule's p(t)),
   labels = original ids at masked rows. Its "answer memory" repeats the answer rows (no BOA) clean with the
   same ids and labels -100: noisy block b sees the clean blocks < b (rule R3), later turns the whole answer.
-- image answer_k (must be the last turn): BOA BOI grid EOI EOA, noisy, block 0; an exact count of cells
-  (the masking schedule's, `lumina.data.noise.image_mask_count`) is masked (all C columns -> image mask id),
-  labels = their C codes. No memory.
+- image answer_k (the last turn): BOA BOI grid EOI EOA, noisy, block 0; `noise.image_mask_count` cells are
+  masked (all C columns), labels = their codes. No memory.
 - Positions run 0.. over prompts and answers; memory rows reuse their noisy copy's positions.
-- Prompts follow the official template (`layout_pieces.user_content`).
 - CFG dropout (image-answer samples only), as the official guidance branches (infer_t2i_sft.py): drop_text
   and drop_image -> `<uncondition>` alone; drop_text -> the media, each on its own line, then `<uncondition>`;
   drop_image -> the text without placeholders or media, "\n" stripped at both ends.

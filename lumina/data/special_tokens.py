@@ -61,9 +61,6 @@ class SpecialTokens:
     codebook_size: int = 4096
     num_codebooks: int = 8
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     @classmethod
     def official(cls, newline: int = UNSET) -> SpecialTokens:
         """The released model's ids and sizes; `newline` is the official tokenizer's id of "\n"."""
@@ -83,7 +80,7 @@ class SpecialTokens:
         """The placeholder id of media `kind` (UNSET when the vocabulary has none)."""
         return getattr(self, PLACEHOLDER_FIELDS[kind])
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in ("text_vocab_size", "image_vocab_size", "codebook_size", "num_codebooks"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SpecialTokens.{name}={getattr(self, name)}: must be positive")

@@ -1,12 +1,8 @@
 """The world's tasks as plain records (`WorldItem`): texts and scene specs, before any tokenisation.
 
-Tasks (user turn -> assistant turn):
-    caption  image + "describe the image ."           -> caption text
-    vqa      image + question                           -> short answer text
-    t2i      "draw <caption> ."                          -> image
-    edit     source image + instruction                  -> target image (one attribute changed)
-    text_qa  text question (addition, colour mixing, sides) -> answer text
-Image-bearing items only use scene combinations of their split; text QA items are split disjointly too.
+Tasks: caption (image -> caption), vqa (image + question -> answer), t2i (caption -> image), edit (image +
+instruction -> image with one attribute changed), text_qa (addition, colour mixing, sides). Items only use
+scene combinations and text questions of their split.
 """
 
 from __future__ import annotations
