@@ -85,7 +85,7 @@ class DatasetAssets:
 
 def save_assets(out_dir: str | Path, text_tokenizer: str | Path | None,
                 visual_tokenizer: VisualTokenizer | None) -> DatasetAssets:
-    """Save both tokenizers under out_dir (tokenizer.json, visual_tokenizer/); their records, absolute paths."""
+    """Save both tokenizers under out_dir (tokenizer.json, visual_tokenizer/); returns their records."""
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     text = None

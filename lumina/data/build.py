@@ -1,7 +1,6 @@
 """`lumina-data build`: JSONL manifests (+ official token files) -> Parquet sample shards.
 
-Manifest schema: one JSON object per line (blank lines are ignored; a row is named by its file and 1-based
-line number):
+Manifest: one JSON object per non-blank line, named by its file and 1-based line number:
 
     {"id": "s-0001",                                  required, unique across the build
      "source": "mydata",                              optional mixture source name (default: --source)
@@ -17,17 +16,12 @@ line number):
           {"kind": "video", "files": ["f0.png", ...]}    a video as its frame files, in order
         ]}]}
 
-A manifest may be an fsspec URL (`s3://bucket/prefix/train.jsonl`, streamed; relative parts resolve against
-its prefix), read through `lumina.data.fs` with its bounded retries; a store that stays down stops the build
-with a StoreError naming the URL (never a skipped row).
-
-Image and video files need a visual tokenizer (`pixels=PixelEncoder(...)`, CLI `--image-tokenizer`); they are
-read as `lumina.data.pixels` describes and encoded streaming (`lumina.data.ingest`); the grid is the
-tokenizer's. Token files are read by `lumina.data.token_files` with the dataset's C and K; a "grid" given next
-to a "path" must equal the grid of its coords. A bad file is a bad row like any other.
-
-A bad row raises `BuildError` naming the manifest file and line (and the token or image file); with
-on_error="skip" it is skipped and listed in the `BuildReport` (and `build_report.json` beside the shards).
+A manifest may be an fsspec URL (`s3://bucket/prefix/train.jsonl`; relative parts resolve against its
+prefix), read through `lumina.data.fs`; a store that stays down stops the build with a StoreError naming the
+URL. Image files need a visual tokenizer (`pixels`, CLI `--image-tokenizer`; `lumina.data.pixels`,
+`lumina.data.ingest`); token files are read by `lumina.data.token_files`, and a "grid" beside a "path" must
+equal its coords' grid. A bad row raises `BuildError` naming the manifest file and line (and the token or
+image file); with on_error="skip" it is listed in the `BuildReport` (and `build_report.json`) instead.
 """
 
 from __future__ import annotations

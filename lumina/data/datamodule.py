@@ -39,7 +39,7 @@ class SourceSpec:
 
 @dataclass
 class DataConfig:
-    """Data settings (Hydra-instantiable); `noise`: NoiseConfig fields; validation at `val_noise_t`, `val_seed`."""
+    """Data settings (Hydra-instantiable); `noise` holds NoiseConfig fields."""
 
     seq_len: int = 4096
     seed: int = 0
@@ -129,7 +129,7 @@ class LuminaDataModule(L.LightningDataModule):
         return self.schedule.world_size
 
     def setup(self, stage: str) -> None:
-        """Take the DP rank / size from the trainer's strategy, install the callbacks (no trainer: rank 0 of 1)."""
+        """Take the DP rank / size from the trainer's strategy, install the callbacks (no trainer: 0 of 1)."""
         trainer = self.trainer
         if trainer is None:
             return

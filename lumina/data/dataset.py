@@ -57,8 +57,8 @@ def keys_for(plan: EpochPlan, packs: Sequence[int | None]) -> list[PackKey]:
 
 
 class PackSampler(Sampler[PackKey]):
-    """Yields this rank's remaining PackKeys of the current epoch (`epoch_fn`, else `set_epoch`), one per step,
-    from where the schedule stands at `iter()`. No `__len__`: it changes per epoch (`steps_left()` gives it).
+    """Yields this rank's remaining PackKeys of the current epoch (`epoch_fn`, else `set_epoch`), one per
+    step, from where the schedule stands at `iter()`. No `__len__`: it changes per epoch (`steps_left()`).
     """
 
     def __init__(self, schedule: PackSchedule, epoch_fn: Callable[[], int] | None = None) -> None:

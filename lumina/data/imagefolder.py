@@ -7,7 +7,7 @@ becomes one sample per task, named "<file_name>#<task>", opened by the official 
     caption  user: the image, then the caption prompt   assistant: the caption
 "val" takes round(val_fraction * N) of the N images (at least one when val_fraction > 0 and N >= 2), those
 whose sha256(f"{seed}:{file_name}") sorts first; the rest is "train". A folder with train/ and a held-out
-subfolder (`lumina.data.roots`) keeps those splits instead; train/ beside a top-level metadata.jsonl is refused.
+subfolder (`lumina.data.roots`) keeps those splits; train/ beside a top-level metadata.jsonl is refused.
 A bad metadata line or image is a bad row named by `metadata.jsonl` and its line number.
 """
 

@@ -28,8 +28,8 @@ PACK_ORDERS = ("shuffled", "longest_first")
 
 @dataclass(frozen=True, eq=False)
 class Packing:
-    """Packs as flat arrays (CSR): pack p holds samples `members[offsets[p]:offsets[p + 1]]` (int32, int64 past
-    2**31 samples) in placement order; skipped: ascending indices of overlong samples (policy "skip")."""
+    """Packs as flat arrays (CSR): pack p holds samples `members[offsets[p]:offsets[p + 1]]` (int32; int64
+    past 2**31 samples) in placement order; skipped: ascending indices of overlong samples ("skip")."""
 
     seq_len: int
     offsets: np.ndarray  # [num_packs + 1]
@@ -213,8 +213,8 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
                  num_codebooks: int) -> PackedBatch:
     """Concatenate the sequences of one pack and pad the tail to `seq_len` -> PackedBatch [1, seq_len, (C)].
 
-    cu_seqlens = [0, L0, L0+L1, ..., total]; the padding tail is not a segment, except in an all-padding pack
-    (cu_seqlens [0, seq_len]: attention needs one segment). Tail rows: input_ids = pad_id, the rest `TAIL_FILL`.
+    cu_seqlens = [0, L0, L0+L1, ..., total]; the padding tail is not a segment, except in an all-padding
+    pack (cu_seqlens [0, seq_len]: attention needs one). Tail rows: input_ids = pad_id, the rest `TAIL_FILL`.
     """
     total = sum(len(s) for s in sequences)
     if total > seq_len:

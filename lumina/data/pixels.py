@@ -4,7 +4,7 @@ Every image file (build, tokenize-images, fit-tokenizer, lumina-generate) is rea
     1. PNG, JPEG, WebP or BMP, by content; converted to RGB (alpha dropped, not composited); no EXIF rotation;
     2. with max_edge > 0 the long edge is resized to max_edge (LANCZOS, aspect ratio kept: size round(W * s),
        round(H * s), s = max_edge / max(W, H)); with upscale=False only a longer edge is shrunk;
-    3. each side is centre-cropped to a multiple of the patch (offsets floor((W - W') / 2), floor((H - H') / 2)).
+    3. each side is centre-cropped to a multiple of the patch (offsets floor((W - W') / 2), ...).
 A side under one patch after step 2, or an unreadable, truncated or missing file, is refused.
 The official preparations are two `Preparation`s: `tools/tokenize_image.py` `prepare_image` (max_edge,
 upscale=True) and `infer_mmu_sft.py` `prepare_image_for_encode` (--input_max_edge, 0 keeps the size;

@@ -126,8 +126,8 @@ class PackSchedule:
             log.info("epoch %d: %d samples -> %d packs of %d tokens, fill ratio %.4f", epoch, len(plan.lengths),
                      plan.num_packs, self.seq_len, plan.packing.fill_ratio)
             if plan.packing.skipped.size:
-                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch, len(plan.packing.skipped),
-                            self.seq_len)
+                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch,
+                            len(plan.packing.skipped), self.seq_len)
         return self._plan
 
     @property

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class PackSource(Protocol):
-    """A picklable data source: per-epoch laid-out lengths [N] (after that epoch's CFG dropout) and sequences."""
+    """A picklable data source: per-epoch laid-out lengths [N] (after CFG dropout) and sequences."""
 
     def __len__(self) -> int: ...
 

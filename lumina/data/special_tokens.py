@@ -68,7 +68,7 @@ class SpecialTokens:
 
     @classmethod
     def from_record(cls, fields: dict, where: str) -> SpecialTokens:
-        """SpecialTokens from a dataset's stored record; one without TEMPLATE_FIELDS (older data) is refused."""
+        """SpecialTokens from a dataset's record; one without TEMPLATE_FIELDS (older data) is refused."""
         missing = [f for f in TEMPLATE_FIELDS if f not in fields]
         if missing:
             raise ValueError(f"{where}: special tokens recorded without {missing}: the data predates the prompt "

@@ -9,12 +9,9 @@ Row schema (plain Arrow types, readable by any Arrow tool):
                 grid: list<int32>        (h, w) | (t, h, w) | (z, y, x) (null for text)
                 codes: list<int32>       the [N, C] code grid flattened row-major (null for text)
             >>>>
-    len_keep, len_drop_text, len_drop_image, len_drop_both   int32
-                                         laid-out lengths of the four CFG-dropout variants (packing plans
-                                         from these columns without decoding payloads)
-File metadata key b"lumina" holds JSON {"format", "version", "special_tokens": SpecialTokens fields, "assets"};
-readers refuse settings other than those they expect. "assets" (optional, `DatasetAssets`, paths relative to
-the shard's directory) records the tokenizers the shards were built with; all shards must record the same.
+    len_keep, len_drop_text, len_drop_image, len_drop_both   int32: laid-out lengths of the CFG variants
+File metadata b"lumina": JSON {"format", "version", "special_tokens", "assets"} (optional `DatasetAssets`,
+paths relative to the shard); readers refuse other settings, and all shards must record the same assets.
 """
 
 from __future__ import annotations
@@ -136,7 +133,7 @@ def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None
 
 
 def read_metadata(path: str | Path, schema: pa.Schema) -> tuple[SpecialTokens, DatasetAssets]:
-    """The SpecialTokens and tokenizers (paths resolved) recorded in the Arrow schema of the shard at `path`."""
+    """The SpecialTokens and tokenizers (paths resolved) in the Arrow schema of the shard at `path`."""
     meta = schema.metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")

@@ -42,7 +42,7 @@ SIZE_KEYS = ("image_height", "image_width")
 
 
 def _numpy_globals() -> list[Any]:
-    """The NumPy objects a pickled ndarray / scalar refers to, under NumPy 1's and 2's names (2's DType classes)."""
+    """The NumPy objects a pickled ndarray / scalar refers to, under NumPy 1's and 2's names."""
     core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
     found: list[Any] = [np.ndarray, np.dtype]
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):

@@ -41,7 +41,8 @@ class RVQVisualTokenizer:
         if not isinstance(image_size, int) or image_size <= 0 or image_size % rvq.patch_size:
             raise ValueError(f"image_size={image_size!r}: must be a positive multiple of patch_size={rvq.patch_size}")
         self.rvq, self.image_size, self.report = rvq, image_size, dict(report or {})
-        self.num_codebooks, self.codebook_size, self.patch_size = rvq.num_codebooks, rvq.codebook_size, rvq.patch_size
+        self.num_codebooks, self.codebook_size = rvq.num_codebooks, rvq.codebook_size
+        self.patch_size = rvq.patch_size
 
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, H, W] in [-1, 1] -> codes [B, h * w, C], grid (h, w) = (H / P, W / P)."""
@@ -78,7 +79,7 @@ class RVQVisualTokenizer:
 
 
 def patch_sample(images: list[torch.Tensor], patch_size: int, max_patches: int | None, seed: int) -> torch.Tensor:
-    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes), a seeded `max_patches` of them at most."""
+    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes), at most a seeded `max_patches`."""
     probe = RVQImageTokenizer(torch.zeros(1, 1, 3 * patch_size**2), RVQSettings(patch_size, 1, 1))
     vectors = torch.cat([probe.patches(image[None])[0] for image in images])
     if max_patches is not None and vectors.shape[0] > max_patches:

@@ -80,7 +80,7 @@ class WordTokenizer:
         return " ".join(words).replace(f" {NEWLINE} ", NEWLINE)
 
     def to_hf(self) -> Tokenizer:
-        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel; "\n" an added token, split out first)."""
+        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel; "\n" an added token)."""
         tok = Tokenizer(WordLevel(vocab=dict(self._ids), unk_token=UNK))
         tok.pre_tokenizer = WhitespaceSplit()
         tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKEN_STRINGS

@@ -44,7 +44,8 @@ class VisualTokenizer(Protocol):
 
 
 def check_pixels(pixels: torch.Tensor, patch_size: int, what: str) -> tuple[int, int]:
-    """The grid (H / P, W / P) of pixels [B, 3, H, W]; ValueError naming `what` unless H, W are positive multiples of P."""
+    """The grid (H / P, W / P) of pixels [B, 3, H, W]; ValueError naming `what` unless H, W are positive
+    multiples of P."""
     p = patch_size
     if pixels.dim() != 4 or pixels.shape[1] != 3 or pixels.shape[2] < p or pixels.shape[3] < p or \
             pixels.shape[2] % p or pixels.shape[3] % p:

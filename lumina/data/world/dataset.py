@@ -42,7 +42,7 @@ def world_text_tokenizer() -> WordTokenizer:
 
 
 def world_assets(cache_dir: str | Path | None = None) -> DatasetAssets:
-    """The world's text tokenizer saved as a tokenizer.json in the cache, as the assets an HF export copies."""
+    """The world's text tokenizer saved as a tokenizer.json in the cache (the assets an HF export copies)."""
     tokenizer = world_text_tokenizer()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     digest = hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest()[:12]
