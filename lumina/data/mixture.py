@@ -67,8 +67,7 @@ class EpochMix:
 
 
 class MixturePlan:
-    """sources: name -> dataset (anything with len; `__getitem__` and `laid_out_lengths` for `sample`/`lengths`);
-    weights: name -> weight >= 0 (normalised; every source needs one); samples_per_epoch: slots per epoch."""
+    """sources: name -> dataset; weights: name -> weight >= 0 (normalised), one per source."""
 
     def __init__(self, sources: Mapping[str, SampleDataset], weights: Mapping[str, float], seed: int,
                  samples_per_epoch: int):

@@ -1,9 +1,4 @@
-"""Pack sources: what packing reads from a data set (per-epoch laid-out lengths, laid-out sequences).
-
-    LayoutSource   a storage SampleDataset (Parquet shards / in memory) through `layout_sample` (or, for
-                   validation, `layout_eval` at a fixed noise level)
-    MixtureSource  a weighted MixturePlan of several SampleDatasets, redrawn every epoch
-"""
+"""Pack sources: what packing reads from a data set (per-epoch laid-out lengths, laid-out sequences)."""
 
 from __future__ import annotations
 

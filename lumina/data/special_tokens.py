@@ -27,7 +27,8 @@ IMAGE_ID_FIELDS = (
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    # --- text vocabulary ids ---
+    """Fields in order: TEXT_ID_FIELDS, TEMPLATE_FIELDS, IMAGE_ID_FIELDS, then the token-space sizes."""
+
     pad: int = 156892
     text_mask: int = 156895
     boa: int = 157165
@@ -43,19 +44,16 @@ class SpecialTokens:
     user_open: int = 157155
     user_close: int = 157157
     uncondition: int = 157156
-    # --- prompt-template text ids (-1 = none in this vocabulary) ---
     img_context: int = UNSET
     video_context: int = UNSET
     mesh3d_context: int = UNSET
     newline: int = UNSET
-    # --- image-code table ids ---
     image_mask: int = 5000
     image_row_end: int = 5001
     mesh3d_row_end: int = 5002
     mesh3d_layer_end: int = 5003
     video_row_end: int = 5004
     video_group_end: int = 5005
-    # --- token-space sizes ---
     text_vocab_size: int = 157184
     image_vocab_size: int = 5010
     codebook_size: int = 4096

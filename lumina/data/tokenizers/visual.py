@@ -4,13 +4,9 @@ A visual tokenizer works on images of any aspect ratio, H x W px with H and W mu
     encode(pixels [B, 3, H, W] in [-1, 1])   -> codes [B, h * w, C] int64 in [0, K), grid (h, w) = (H/P, W/P)
     encode_video(frames [T, 3, H, W])        -> codes [t * h * w, C] (ordered t, y, x), grid (t, h, w)
     decode(codes [B, h * w, C] or [h * w, C], grid (h, w)) -> pixels [B, 3, h * P, w * P] in [-1, 1]
-`image_size` is the default long edge image files are resized to (`lumina.data.pixels`): for the built-in
-tokenizer the size it was fitted at, for AToken the official tool's 1024.
-Implementations: `RVQVisualTokenizer` (built-in residual VQ) and `ATokenTokenizer` (the official AToken);
-`lumina.data.visual_tokenizers.load_visual_tokenizer` loads one by name.
-
-On disk a tokenizer is a directory holding `visual_tokenizer.json` (+ the built-in one's weights file). A
-dataset keeps a copy beside its shards and records its `VisualTokenizerRecord` in every shard.
+`image_size`: the default long edge of image files (the built-in one's fitting size, AToken's 1024). On disk
+a tokenizer is a directory holding `visual_tokenizer.json` (+ the built-in one's weights file); a dataset
+keeps a copy beside its shards and records its `VisualTokenizerRecord` in every shard.
 """
 
 from __future__ import annotations
