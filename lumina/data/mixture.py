@@ -52,11 +52,6 @@ class EpochMix:
     counts: dict[str, int]
     proportions: dict[str, float]
 
-    @property
-    def items(self) -> list[tuple[str, int]]:
-        """The slots as (source name, index) Python pairs, for inspection (O(n) objects)."""
-        return [(self.names[k], i) for k, i in zip(self.source.tolist(), self.index.tolist(), strict=True)]
-
     def item(self, slot: int) -> tuple[str, int]:
         """(source name, index) of one slot."""
         return self.names[int(self.source[slot])], int(self.index[slot])
