@@ -254,8 +254,7 @@ def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: Speci
                  on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
                  source: str = "default", pixels: PixelEncoder | None = None,
                  assets: DatasetAssets | None = None) -> BuildReport:
-    """Build Parquet shards under `out_dir` from JSONL manifests (module docstring); `pixels` encodes image
-    files, `assets` are recorded in every shard."""
+    """Build Parquet shards under `out_dir` from JSONL manifests (module docstring)."""
     return build_rows(manifest_rows(manifests), out_dir, tokens, tokenizer, length_fn, on_error, rows_per_shard,
                       source, pixels, assets)
 

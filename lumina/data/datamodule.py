@@ -174,8 +174,7 @@ class LuminaDataModule(L.LightningDataModule):
         return self._loader(dataset, self.sampler)
 
     def val_dataloader(self) -> DataLoader | list:
-        """The held-out source (its own fixed noise level), planned once (epoch 0, `val_seed`) and dealt over
-        the ranks; [] without one (Lightning skips validation)."""
+        """The held-out source, planned once (epoch 0, `val_seed`), dealt over the ranks; [] without one."""
         if self.val_source is None:
             return []
         cfg = self.config

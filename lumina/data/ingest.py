@@ -67,8 +67,7 @@ def _read_many(jobs: list[tuple[Path, ...]], prep: Preparation) -> list[np.ndarr
 
 
 class FrameReader:
-    """Reads jobs (tuples of files) here or in `workers` forked processes; `submit` returns a function giving
-    the results in job order. A context manager (stops the pool)."""
+    """Reads jobs (tuples of files) here or in `workers` forked processes; results in job order."""
 
     def __init__(self, prep: Preparation, workers: int = 0):
         if workers < 0:

@@ -163,8 +163,8 @@ def prompt_length(parts: list[Part], tokens: SpecialTokens, system: list[int] | 
 
 def layout_prompt(parts: list[Part], tokens: SpecialTokens, turn: int = 0, start_position: int = 0,
                   system: list[int] | None = None, sample_id: str = "") -> TrainingSequence:
-    """`<system>{system}</system><user>{user_content(parts)}</user>` (the system wrapper only when `system` is
-    given): one clean turn, block -1, positions start_position.. . Text type 1, media as `media_rows`."""
+    """[`<system>{system}</system>`]`<user>{user_content(parts)}</user>`: one clean turn, block -1, positions
+    start_position.., text type 1, media as `media_rows`."""
     c = tokens.num_codebooks
     head = [] if system is None else [tokens.system_open, *system, tokens.system_close]
     chunks: list[tuple[torch.Tensor, torch.Tensor]] = []

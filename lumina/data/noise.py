@@ -142,8 +142,7 @@ def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tupl
 
 
 def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, seed: int, epoch: int) -> np.ndarray:
-    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both), id hashes [N] -> [N] int32 (not the
-    table's narrow type: sums must not wrap), each sample's length under `cfg_dropout(seed, epoch, id)`."""
+    """Stored lengths [N, 4], id hashes [N] -> [N] int32 lengths under `cfg_dropout(seed, epoch, id)`."""
     if stored.ndim != 2 or stored.shape != (hashes.size, 4):
         raise ValueError(f"stored lengths have shape {list(stored.shape)}, expected [{hashes.size}, 4]")
     variant = _variants(hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob, cfg.uncond_image_prob)

@@ -47,8 +47,7 @@ class Preparation:
 
 
 def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
-    """An image file (a path or URL) -> uint8 [H, W, 3], H and W multiples of prep.patch (module docstring);
-    raises PixelError naming the file."""
+    """An image file (path or URL) -> uint8 [H, W, 3] (module docstring); PixelError naming the file."""
     try:
         data = read_bytes(path)
     except (FileNotFoundError, IsADirectoryError) as exc:

@@ -72,8 +72,7 @@ class ATokenTokenizer:
     def from_pretrained(cls, config: str | None = None, checkpoint: str | None = None,
                         package_path: str | None = None, device: str | None = None,
                         image_size: int = DEFAULT_MAX_EDGE) -> ATokenTokenizer:
-        """The official wrapper on `device` (None: CUDA) in bf16, eval mode; config / checkpoint default to
-        $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH."""
+        """The official wrapper on `device` (None: CUDA), bf16, eval mode (files: module docstring)."""
         config = config or os.environ.get(CONFIG_ENV)
         checkpoint = checkpoint or os.environ.get(MODEL_ENV)
         missing = []

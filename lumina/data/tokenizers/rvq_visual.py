@@ -90,9 +90,8 @@ def patch_sample(images: list[torch.Tensor], patch_size: int, max_patches: int |
 
 def fit_rvq(train: list[torch.Tensor], heldout: list[torch.Tensor], settings: RVQSettings, image_size: int,
             max_patches: int | None = None) -> tuple[RVQVisualTokenizer, dict[str, Any]]:
-    """Fit on train images [3, H, W] in [-1, 1] (any sizes, multiples of the patch) read at long edge
-    image_size; report {train_images, heldout_images, patches, heldout_psnr_db, train_psnr_db} (PSNR None
-    without images; MSE pooled over every pixel of every image)."""
+    """Fit on train images [3, H, W] in [-1, 1] read at long edge image_size; report {train_images,
+    heldout_images, patches, heldout_psnr_db, train_psnr_db} (PSNR over all pixels; None: no images)."""
     if not train:
         raise ValueError("no training images to fit the tokenizer on")
     vectors = patch_sample(train, settings.patch_size, max_patches, settings.seed)

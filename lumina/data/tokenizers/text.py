@@ -181,8 +181,7 @@ def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebook
 
 
 def check_special_ids(tokenizer: TextTokenizer, tokens: SpecialTokens) -> None:
-    """Every special string the tokenizer defines must have the id the dataset records; ValueError names the
-    token and both ids."""
+    """Each special string the tokenizer defines must have the dataset's id; ValueError names both ids."""
     defined = tokenizer.special_ids
     for field, string in {**SPECIAL_FIELD_STRINGS, **TEMPLATE_FIELD_STRINGS}.items():
         if string in defined and defined[string] != getattr(tokens, field):
