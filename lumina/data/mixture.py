@@ -6,9 +6,8 @@
     mix.proportions              # e.g. {"world": 0.2987, "web": 0.7013}: log these
     plan.lengths(mix)            # [n, 4] stored laid-out lengths of the drawn items (no payload decoding)
 
-Each slot's source is an independent categorical draw with the normalised weights; within a source, indices
-come from a fresh permutation per epoch, cycled when the source is drawn more often than it has samples (every
-sample appears before any repeats), in slot order. All a pure function of (seed, epoch), in NumPy arrays.
+Each slot's source is a categorical draw with the normalised weights; a source's slots take a fresh permutation
+per epoch (cycled: every sample before any repeat). A pure function of (seed, epoch), in NumPy arrays.
 """
 
 from __future__ import annotations
