@@ -86,8 +86,7 @@ def load_token_dict(path: str | Path) -> Any:
 
 def _refusal(data: bytes, exc: Exception) -> str:
     """The globals a refused pickle asks for beyond NUMPY_GLOBALS, else the loader's own reason."""
-    allowed = {name if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
-               for g in NUMPY_GLOBALS for name in ([g[1]] if isinstance(g, tuple) else [None])}
+    allowed = {g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}" for g in NUMPY_GLOBALS}
     try:
         foreign = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
                    if g not in allowed]

@@ -178,11 +178,8 @@ def world_words() -> list[str]:
             spec = ObjectSpec(*combo)
             texts += [caption(spec), f"draw {caption(spec)} ."]
             texts += [t for pair in questions(spec) for t in pair]
-    for shape in SHAPES:
-        texts.append(f"turn the shape into a {shape} .")
-    for position in POSITIONS:
-        texts.append(f"move the shape to the {position} .")
-    for value in (*COLOURS, *SIZES):
-        texts.append(f"make the shape {value} .")
+    texts += [f"turn the shape into a {shape} ." for shape in SHAPES]
+    texts += [f"move the shape to the {position} ." for position in POSITIONS]
+    texts += [f"make the shape {value} ." for value in (*COLOURS, *SIZES)]
     texts += [t for pair in all_text_qa() for t in pair]
     return sorted({w for t in texts for w in t.split()})
