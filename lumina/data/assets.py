@@ -1,9 +1,8 @@
 """`DatasetAssets`: the tokenizers a dataset was built with, kept beside its shards and recorded in them.
 
-`lumina-data build` saves them under the output directory (`tokenizer.json`, `visual_tokenizer/`) and writes
-their paths, relative to the shard's directory, into each shard's metadata (`lumina.data.storage`). Readers
-resolve the paths; training checks the visual tokenizer against the model and the end-of-run HF export copies
-both files next to the weights, where `lumina-generate` finds them.
+`lumina-data build` saves them in the output directory (`tokenizer.json`, `visual_tokenizer/`) and records
+their paths, relative to the shard, in each shard (`lumina.data.storage`); the HF export copies them beside
+the weights, where `lumina-generate` finds them.
 """
 
 from __future__ import annotations
@@ -86,8 +85,7 @@ class DatasetAssets:
 
 def save_assets(out_dir: str | Path, text_tokenizer: str | Path | None,
                 visual_tokenizer: VisualTokenizer | None) -> DatasetAssets:
-    """Copy the text tokenizer file to out_dir/tokenizer.json and save the visual tokenizer to
-    out_dir/visual_tokenizer/; returns their records (absolute paths)."""
+    """Save both tokenizers under out_dir (tokenizer.json, visual_tokenizer/); returns their records."""
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     text = None

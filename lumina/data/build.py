@@ -1,7 +1,6 @@
 """`lumina-data build`: JSONL manifests (+ official token files) -> Parquet sample shards.
 
-Manifest schema: one JSON object per line (blank lines are ignored; a row is named by its file and 1-based
-line number):
+Manifest: one JSON object per non-blank line, named by its file and 1-based line number:
 
     {"id": "s-0001",                                  required, unique across the build
      "source": "mydata",                              optional mixture source name (default: --source)
@@ -17,27 +16,12 @@ line number):
           {"kind": "video", "files": ["f0.png", ...]}    a video as its frame files, in order
         ]}]}
 
-Manifests and their file parts may sit on an object store: a manifest given as an fsspec URL
-(`s3://bucket/prefix/train.jsonl`) is streamed, and its relative parts resolve against its prefix; a part may
-also be a URL itself. They are read through `lumina.data.fs` with its bounded retries; a store that stays
-down stops the build with a StoreError naming the URL (never a skipped row).
-
-Image and video files need a visual tokenizer (`pixels=PixelEncoder(tokenizer, ...)`, CLI `--image-tokenizer
-builtin|atoken|DIR`): they are read as `lumina.data.pixels` describes (RGB, long edge resized to --max-edge,
-default the tokenizer's image size, centre crop to multiples of the patch, aspect ratio kept; images with a
-side under one patch refused) and encoded streaming, in batches
-(`lumina.data.ingest`); the grid is the tokenizer's. A missing, unreadable, truncated or too small file is a bad
-row like any other.
-
-Token files (`.pkl` / `.pt`, as the official `tools/tokenize_image.py` writes them) are read and checked by
-`lumina.data.token_files` (safe unpickling, the official schema and coordinate conventions), with C and K the
-dataset's (`--num-codebooks`, `--codebook-size`, or the visual tokenizer's). A "grid" given next to a "path"
-must equal the grid the coords describe.
-
-Errors (missing fields, bad roles, out-of-range codes, grid/coords mismatch, unreadable token or image files,
-duplicate ids, samples the layout rejects) raise `BuildError` naming the manifest file and line (and the
-token or image file). With on_error="skip" the row is skipped instead, and every skipped row is counted and
-listed in the `BuildReport` (and `build_report.json` next to the shards). Nothing is dropped silently.
+A manifest may be an fsspec URL (`s3://bucket/prefix/train.jsonl`; relative parts resolve against its
+prefix), read through `lumina.data.fs`; a store that stays down stops the build with a StoreError naming the
+URL. Image files need a visual tokenizer (`pixels`, CLI `--image-tokenizer`; `lumina.data.pixels`,
+`lumina.data.ingest`); token files are read by `lumina.data.token_files`, and a "grid" beside a "path" must
+equal its coords' grid. A bad row raises `BuildError` naming the manifest file and line (and the token or
+image file); with on_error="skip" it is listed in the `BuildReport` (and `build_report.json`) instead.
 """
 
 from __future__ import annotations
@@ -57,11 +41,9 @@ from lumina.data.ingest import PendingRow, PixelEncoder, PixelPart
 from lumina.data.layout import check_sample
 from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.storage import LengthFn, ShardWriter
+from lumina.data.storage import ROLES, LengthFn, ShardWriter
 from lumina.data.token_files import TokenFileError, read_token_file
 from lumina.data.tokenizers.text import TextTokenizer
-
-ROLES = ("system", "user", "assistant")
 
 
 class BuildError(ValueError):
@@ -107,7 +89,6 @@ def _known_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
         raise _RowError(f"{where}: unknown key {unknown[0]!r} (expected keys among {list(allowed)})")
 
 
-# ---- rows ----
 def _require(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if key not in obj:
         raise _RowError(f"{where}: missing field {key!r}")
@@ -127,7 +108,7 @@ PIXEL_KEYS = {"image": "file", "video": "files"}  # the key that holds a media k
 
 
 def parse_pixel_part(part: dict, kind: str, where: str, base_dir: str | Path, pixels: bool) -> PixelPart:
-    """An {"kind": "image", "file"} / {"kind": "video", "files"} part -> PixelPart (files checked to exist)."""
+    """An image "file" / video "files" part -> PixelPart (files checked to exist)."""
     key = PIXEL_KEYS.get(kind)
     if key is None or key not in part:
         raise _RowError(f"{where}: a {kind} part takes " + (f"its image files as {key!r}" if key else
@@ -179,9 +160,7 @@ def parse_part(part: Any, where: str, base_dir: str | Path, tokens: SpecialToken
         raise _RowError(f"{where}: a {kind} part needs exactly one of 'path', 'codes'{pixels_key}, got {sources}")
     if sources[0] in ("file", "files"):
         return parse_pixel_part(part, kind, where, base_dir, pixels)
-    grid = None
-    if "grid" in part:
-        grid = tuple(_int_list(part["grid"], f"{where}.grid"))
+    grid = tuple(_int_list(part["grid"], f"{where}.grid")) if "grid" in part else None
     if "path" in part:
         path = _require(part, "path", str, where)
         try:
@@ -241,8 +220,7 @@ def parse_row(obj: Any, base_dir: str | Path, tokens: SpecialTokens, tokenizer: 
 
 @dataclass
 class RawRow:
-    """One manifest row before parsing: its file (a path or URL) and 1-based line, and the decoded JSON (or why
-    it is not)."""
+    """One manifest row before parsing: file (path or URL), 1-based line, decoded JSON or why it is not."""
 
     file: str | Path
     line: int
@@ -252,8 +230,7 @@ class RawRow:
 
 
 def manifest_rows(manifests: list[str | Path]) -> Iterator[RawRow]:
-    """The non-blank lines of JSONL manifests (local paths or URLs, streamed), in order. A manifest without
-    a row is an error (nothing to build is a mistake, not an empty dataset)."""
+    """The non-blank lines of JSONL manifests (paths or URLs, streamed); a manifest without rows raises."""
     for manifest in manifests:
         manifest = manifest if is_url(manifest) else Path(manifest)
         if not is_file(manifest):
@@ -277,11 +254,7 @@ def build_shards(manifests: list[str | Path], out_dir: str | Path, tokens: Speci
                  on_error: Literal["raise", "skip"] = "raise", rows_per_shard: int = 4096,
                  source: str = "default", pixels: PixelEncoder | None = None,
                  assets: DatasetAssets | None = None) -> BuildReport:
-    """Build Parquet shards under `out_dir` from JSONL manifests (see the module docstring).
-
-    on_error="raise": the first bad row raises BuildError('file:line: reason'); "skip": bad rows are skipped
-    and listed in the report. The report is also written to out_dir/build_report.json. pixels: the encoder of
-    image / video file parts; assets: the tokenizers to record in every shard (see `lumina.data.assets`)."""
+    """Build Parquet shards under `out_dir` from JSONL manifests (module docstring)."""
     return build_rows(manifest_rows(manifests), out_dir, tokens, tokenizer, length_fn, on_error, rows_per_shard,
                       source, pixels, assets)
 

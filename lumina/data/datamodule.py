@@ -1,14 +1,9 @@
 """`LuminaDataModule`: packed batches for every data-parallel rank, with an exact, rank-count-agnostic resume.
 
-Data-parallel rank r of W trains pack `cursor + r` of the epoch plan at each step (see `lumina.data.plan`).
-The data-parallel layout is the strategy's `distributed_sampler_kwargs` (Lightning's convention), else the
-whole world: expert parallelism shares tokens, not data; the ranks of a sequence-parallel group form one
-data-parallel rank and receive the same pack. The cursor advances only when a training step finishes
-(`PackCursorCallback.on_train_batch_end`, which the module installs into the trainer in `setup`), so
-batches the loop or the workers prefetched but never trained are not lost on resume. `state_dict()` (saved with every Lightning checkpoint) holds (epoch, cursor); after a restart the
-next `iter()` of the train loader continues from the cursor, re-dealt if the world size changed.
-
-The trainer must be built with `use_distributed_sampler=False` (the pack sampler already deals per rank).
+Packs are dealt as `lumina.data.plan` describes over the strategy's `distributed_sampler_kwargs` (else the
+whole world; a sequence-parallel group is one data-parallel rank). The cursor advances only when a training
+step finishes (`PackCursorCallback`, installed in `setup`), so prefetched but untrained batches are not lost;
+`state_dict()` holds (epoch, cursor). The trainer needs `use_distributed_sampler=False`.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ PAD_TOKEN_ID = 156892  # official pad_token_id
 
 @dataclass
 class SourceSpec:
-    """One data source of the mixture: a name, its sampling weight and where it lives
-    (`path` = Parquet shards; None = the built-in procedural world). `options` pass through to the source."""
+    """A mixture source: name, weight, `path` (Parquet shards; None: the built-in world), source `options`."""
 
     name: str
     weight: float = 1.0
@@ -45,8 +39,7 @@ class SourceSpec:
 
 @dataclass
 class DataConfig:
-    """Data settings (Hydra-instantiable). `noise` passes through to the layout's NoiseConfig;
-    validation lays out the held-out source at the fixed noise level `val_noise_t` with seed `val_seed`."""
+    """Data settings (Hydra-instantiable); `noise` holds NoiseConfig fields."""
 
     seq_len: int = 4096
     seed: int = 0
@@ -127,8 +120,6 @@ class LuminaDataModule(L.LightningDataModule):
                                  else None)
         self.sampler = PackSampler(self.schedule, epoch_fn=self._trainer_epoch)
 
-    # --- ranks and trainer wiring ---
-
     @property
     def rank(self) -> int:
         return self.schedule.rank
@@ -138,8 +129,7 @@ class LuminaDataModule(L.LightningDataModule):
         return self.schedule.world_size
 
     def setup(self, stage: str) -> None:
-        """Read the DP rank / size from the trainer's strategy (the process group exists by now); install the
-        cursor callback. Without a trainer: rank 0 of 1."""
+        """Take the DP rank / size from the trainer's strategy, install the callbacks (no trainer: 0 of 1)."""
         trainer = self.trainer
         if trainer is None:
             return
@@ -161,8 +151,6 @@ class LuminaDataModule(L.LightningDataModule):
         if trainer is None:
             return self.sampler._epoch
         return trainer.fit_loop.epoch_progress.current.processed
-
-    # --- loaders ---
 
     def _loader(self, dataset: PackedDataset, sampler: Any) -> DataLoader:
         cfg = self.config
@@ -186,9 +174,7 @@ class LuminaDataModule(L.LightningDataModule):
         return self._loader(dataset, self.sampler)
 
     def val_dataloader(self) -> DataLoader | list:
-        """The held-out source, planned once (epoch 0, `val_seed`) and dealt over the ranks; the source
-        itself supplies the fixed, seeded noise level (e.g. `LayoutSource(..., eval_t=config.val_noise_t)`).
-        No val_source: an empty list (Lightning skips validation)."""
+        """The held-out source, planned once (epoch 0, `val_seed`), dealt over the ranks; [] without one."""
         if self.val_source is None:
             return []
         cfg = self.config
@@ -205,8 +191,6 @@ class LuminaDataModule(L.LightningDataModule):
     def export_assets(self, directory: str | Path) -> list[Path]:
         """Copy the data's tokenizers into `directory` (an HF export): tokenizer.json, visual_tokenizer/."""
         return [] if self.assets is None else copy_assets(self.assets, directory)
-
-    # --- checkpointing ---
 
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict()}

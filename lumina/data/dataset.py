@@ -1,8 +1,7 @@
 """The packed dataset: a map-style dataset keyed by `PackKey` that yields one collated `PackedBatch` per key,
 and the sampler that hands this rank's keys to a DataLoader (`batch_size=None`, so a key is one batch).
 
-The plan (which samples form a pack) is computed in the main process by a `PackSchedule`; a key carries
-the epoch and the pack's sample indices and lengths, so (persistent) workers need no plan or epoch state.
+A key carries the epoch and the pack's sample indices and lengths, so workers need no plan or epoch state.
 """
 
 from __future__ import annotations
@@ -58,12 +57,8 @@ def keys_for(plan: EpochPlan, packs: Sequence[int | None]) -> list[PackKey]:
 
 
 class PackSampler(Sampler[PackKey]):
-    """Yields this rank's remaining PackKeys of the current epoch, one per training step.
-
-    The epoch is read from `epoch_fn` (the trainer's epoch counter) when given, else from `set_epoch`.
-    Each `iter()` asks the schedule where to start, so a restored cursor takes effect at the next `iter()`.
-    No `__len__`: the number of steps changes between epochs (seeded dropout changes lengths) and after a
-    resume at another world size; `steps_left()` gives it for the epoch in progress.
+    """Yields this rank's remaining PackKeys of the current epoch (`epoch_fn`, else `set_epoch`), one per
+    step, from where the schedule stands at `iter()`. No `__len__`: it changes per epoch (`steps_left()`).
     """
 
     def __init__(self, schedule: PackSchedule, epoch_fn: Callable[[], int] | None = None) -> None:

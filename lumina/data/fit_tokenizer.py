@@ -1,11 +1,9 @@
 """`lumina-data fit-tokenizer IMAGES... --out DIR`: fit the built-in residual-VQ tokenizer on your own images.
 
-The image files are read like a build reads them (`lumina.data.pixels`: RGB, long edge resized to
-`image_size`, centre crop to multiples of the patch, aspect ratio kept; a bad file raises naming it), by
-`workers` processes; the images may differ in size. A seeded
-round(heldout_fraction * N) of them (at least one when the fraction is > 0 and N >= 2) is held out; the
-tokenizer is fitted on the rest (`fit_rvq`) and its reconstruction PSNR on the held-out images reported.
-Everything is deterministic in (files in order, settings, seed).
+The files are read like a build reads them (`lumina.data.pixels`, long edge `image_size`; a bad file raises
+naming it) by `workers` processes. A seeded round(heldout_fraction * N) of them (at least one when the
+fraction is > 0 and N >= 2) is held out; the tokenizer is fitted on the rest (`fit_rvq`) and its PSNR on the
+held-out images reported. Deterministic in (files in order, settings, seed).
 """
 
 from __future__ import annotations

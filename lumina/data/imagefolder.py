@@ -1,20 +1,14 @@
 """`lumina-data build --imagefolder DIR --tasks t2i,caption`: a folder of captioned images -> train / val shards.
 
-DIR holds the images and `metadata.jsonl`: one JSON object per image with `file_name` (relative to DIR) and
-`text` (its caption), the convention of Hugging Face `datasets`' imagefolder; other keys (columns) are not
-used, and the build report counts them (`ignored_keys`: key -> lines holding it). Each image
-becomes one sample per chosen task, named "<file_name>#<task>", opened by the official system prompt of its
-task (`lumina.data.prompts`, the ones `lumina-generate` uses for a checkpoint trained on it):
+DIR holds the images and `metadata.jsonl` (Hugging Face imagefolder): per image a JSON object with `file_name`
+(relative to DIR) and `text` (its caption); other keys are unused and counted in the build report. Each image
+becomes one sample per task, named "<file_name>#<task>", opened by the official system prompt of its task:
     t2i      user: the caption                          assistant: the image
     caption  user: the image, then the caption prompt   assistant: the caption
-The held-out split ("val") takes round(val_fraction * N) of the N images (at least one when val_fraction > 0
-and N >= 2): those whose sha256(f"{seed}:{file_name}") sorts first, so the split does not depend on line order,
-and both tasks of an image land in the same split. The rest is "train". A folder with train/ and a held-out
-subfolder (val/, validation/, valid/ or dev/: `lumina.data.roots`), each an imagefolder of its own (the Hugging
-Face layout), keeps those splits instead; its test/ is not read. A folder holding both train/ and a top-level
-metadata.jsonl is refused (one of the two would be dropped).
-A bad metadata line (not JSON, no `file_name` / `text`) or image is a bad row named by `metadata.jsonl` and its
-line number.
+"val" takes round(val_fraction * N) of the N images (at least one when val_fraction > 0 and N >= 2), those
+whose sha256(f"{seed}:{file_name}") sorts first; the rest is "train". A folder with train/ and a held-out
+subfolder (`lumina.data.roots`) keeps those splits; train/ beside a top-level metadata.jsonl is refused.
+A bad metadata line or image is a bad row named by `metadata.jsonl` and its line number.
 """
 
 from __future__ import annotations
@@ -62,8 +56,7 @@ SYSTEM_PROMPT_TASK = {"t2i": "t2i", "caption": "understand"}  # imagefolder task
 
 
 def caption_words(rows: list[RawRow], caption_prompt: str = CAPTION_PROMPT) -> list[str]:
-    """Every whitespace-separated word of the captions, the caption prompt and the system prompts, sorted (a
-    vocabulary)."""
+    """The sorted words of the captions, the caption prompt and the system prompts (a vocabulary)."""
     words = set(caption_prompt.split())
     for task in SYSTEM_PROMPT_TASK.values():
         words.update(OFFICIAL_SYSTEM_PROMPTS[task].split())
@@ -127,9 +120,7 @@ def split_rows(rows: list[RawRow], tasks: list[str], val_fraction: float = 0.1, 
 
 def folder_splits(directory: str | Path, tasks: list[str], val_fraction: float = 0.1, seed: int = 0,
                   caption_prompt: str = CAPTION_PROMPT) -> tuple[list[RawRow], dict[str, list[RawRow]]]:
-    """(every metadata line, {"train", "val"} task rows) of an imagefolder. One whose train/ and val/ (or
-    validation/) subfolders each hold a metadata.jsonl, as Hugging Face imagefolders do, keeps those splits;
-    otherwise (or with train/ alone) the held-out split is drawn as `split_rows` does."""
+    """(every metadata line, {"train", "val"} task rows) of an imagefolder (module docstring)."""
     root = dataset_root(directory)
     if root is not None and (Path(directory) / METADATA_FILE).is_file():
         raise ValueError(f"imagefolder {directory} holds both {root.train}/ and {Path(directory) / METADATA_FILE}; "

@@ -1,13 +1,10 @@
 """Streaming pixel encoding for `lumina-data build`: rows whose parts name image files become rows of codes.
 
-Rows arrive in manifest order and leave in the same order. They are taken in chunks of at least `batch_size`
-frames (at most 8 x batch_size rows); a chunk's files are read (`lumina.data.pixels.read_image`, the official
-`prepare_image`: long edge to max_edge, default the tokenizer's image_size; centre crop to multiples of the
-patch; aspect ratio kept) in this process (workers=0) or by a pool of `workers` forked processes, which read
-the next chunk while this process encodes the current one. Images of one size are encoded `batch_size` at a
-time; each video (its frames must come out the same size) through `encode_video`. A file that cannot be read
-marks its row failed (`PendingRow.error`, naming the part and the file); the other rows go on. The codes do not
-depend on `batch_size` or `workers`.
+Rows leave in the order they arrive, in chunks of at least `batch_size` frames (at most 8 x batch_size rows).
+A chunk's files are read (`lumina.data.pixels.read_image`) here or by `workers` forked processes, which read
+the next chunk while this process encodes the current one; images of one size are encoded `batch_size` at a
+time, each video through `encode_video`. A file that cannot be read fails its row only (`PendingRow.error`,
+naming the part and the file). The codes do not depend on `batch_size` or `workers`.
 """
 
 from __future__ import annotations
@@ -70,8 +67,7 @@ def _read_many(jobs: list[tuple[Path, ...]], prep: Preparation) -> list[np.ndarr
 
 
 class FrameReader:
-    """Reads jobs (tuples of files) in this process or in `workers` forked processes; `submit` returns a
-    function that gives the results in job order. Use as a context manager (stops the pool)."""
+    """Reads jobs (tuples of files) here or in `workers` forked processes; results in job order."""
 
     def __init__(self, prep: Preparation, workers: int = 0):
         if workers < 0:
@@ -118,8 +114,7 @@ def _chunks(rows: Iterable[PendingRow], frames_per_chunk: int) -> Iterator[list[
 
 def encode_images(tokenizer: VisualTokenizer, arrays: list[np.ndarray], batch_size: int
                   ) -> list[tuple[torch.Tensor, tuple[int, int]]]:
-    """uint8 [H, W, 3] images (any sizes) -> (codes [h * w, C], grid) each, in order; the images of one size
-    are encoded batch_size at a time."""
+    """uint8 [H, W, 3] images (any sizes) -> (codes [h * w, C], grid) each, batch_size per size at a time."""
     by_size: dict[tuple[int, ...], list[int]] = {}
     for i, array in enumerate(arrays):
         by_size.setdefault(array.shape, []).append(i)
@@ -134,9 +129,8 @@ def encode_images(tokenizer: VisualTokenizer, arrays: list[np.ndarray], batch_si
 
 
 class PixelEncoder:
-    """Turns the PixelParts of streamed rows into Media through `tokenizer` (module docstring).
-    max_edge: the long edge images are resized to (None: the tokenizer's image_size; 0: keep the size);
-    progress: called with the number of frames encoded after each chunk."""
+    """Turns the PixelParts of streamed rows into Media (module docstring). max_edge: None the tokenizer's
+    image_size, 0 keeps the size; progress: called with the frames encoded after each chunk."""
 
     def __init__(self, tokenizer: VisualTokenizer, batch_size: int = 64, workers: int = 0,
                  progress: Callable[[int], None] | None = None, max_edge: int | None = None):

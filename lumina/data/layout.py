@@ -4,21 +4,16 @@ Layout of a sample with exchanges (prompt_k, answer_k), k = 0..K-1:
 
     [prompt_0 | answer_0 | prompt_1 | answer_1 | ... | memory of text answers, in turn order]
 
-- prompt_k (turn 2k): `<system>..</system>` (k = 0 only, when the sample has a system turn) +
-  `<user>..</user>`, clean, block -1 (see `layout_pieces.layout_prompt`).
-- text answer_k (turn 2k+1): BOA + answer tokens + EOA; the answer rows are a noisy copy (each token replaced
-  by the text mask id with the masking schedule's probability p(t); p(t) = t for the official one), labels = original ids at masked rows. Its "answer memory" repeats
-  the answer rows (no BOA) clean, with the same turn/type/block/position ids and labels -100, so noisy block
-  b sees the clean blocks < b of its own answer (rule R3) and later turns see the whole answer clean.
-- image answer_k (must be the last turn): BOA BOI grid EOI EOA, noisy, block 0; an exact count of cells
-  (the masking schedule's, `lumina.data.noise.image_mask_count`) is masked (all C columns -> image mask id),
-  labels = their C codes. No memory.
+- prompt_k (turn 2k): `layout_pieces.layout_prompt` (the system turn with k = 0 only), clean, block -1.
+- text answer_k (turn 2k+1): BOA + answer tokens + EOA, noisy (each token masked with the schedule's p(t)),
+  labels = original ids at masked rows. Its "answer memory" repeats the answer rows (no BOA) clean with the
+  same ids and labels -100: noisy block b sees the clean blocks < b (rule R3), later turns the whole answer.
+- image answer_k (the last turn): BOA BOI grid EOI EOA, noisy, block 0; `noise.image_mask_count` cells are
+  masked (all C columns), labels = their codes. No memory.
 - Positions run 0.. over prompts and answers; memory rows reuse their noisy copy's positions.
-- Prompts follow the official template (`layout_pieces.user_content`): placeholders in user text expanded where
-  they stand, media before the text on lines of their own ("\n" after each media line).
-- CFG dropout (image-answer samples only), as the official guidance branches: drop_text and drop_image ->
-  `<uncondition>` alone; drop_text -> the media (each on its own line) then `<uncondition>`; drop_image -> the
-  text without placeholders or media.
+- CFG dropout (image-answer samples only), as the official guidance branches (infer_t2i_sft.py): drop_text
+  and drop_image -> `<uncondition>` alone; drop_text -> the media, each on its own line, then `<uncondition>`;
+  drop_image -> the text without placeholders or media, "\n" stripped at both ends.
 """
 
 from __future__ import annotations
@@ -51,10 +46,7 @@ from lumina.data.special_tokens import PLACEHOLDER_FIELDS, UNSET, SpecialTokens
 
 @dataclass
 class Exchange:
-    """One prompt turn and its answer, after validation and CFG dropout.
-
-    answer_text: answer token ids without EOA (text answer), or None.
-    answer_image: the image to generate (image answer), or None."""
+    """One prompt turn and its answer (ids without EOA, or the image), after validation and CFG dropout."""
 
     prompt_parts: list[Part]
     system: list[int] | None
@@ -64,12 +56,9 @@ class Exchange:
 
 def plan_exchanges(sample: Sample, tokens: SpecialTokens, drop_text: bool = False,
                    drop_image: bool = False, check_values: bool = True) -> list[Exchange]:
-    """Validate the turn structure of `sample` and split it into exchanges, applying CFG dropout.
-
-    Turns: an optional leading system turn (text only), then user, assistant, user, assistant, ...; it must
-    end with an assistant turn. An assistant turn is text only or exactly one image; an image answer must be
-    the last turn. `check_values` also checks text ids and media codes (off for cheap length planning).
-    Raises ValueError naming the sample id and the offending field.
+    """Validate `sample`'s turns and split them into exchanges, applying CFG dropout; ValueError names the
+    sample and field. Turns: [system (text)], user, assistant, ..., ending with an assistant turn, which is
+    text only or exactly one image (then the last turn). `check_values`: also check ids and codes.
     """
     sid = sample.id
     turns = sample.turns
@@ -108,8 +97,7 @@ def plan_exchanges(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fals
 
 
 def check_sample(sample: Sample, tokens: SpecialTokens) -> None:
-    """Every check `layout_sample` makes on `sample` (structure, text ids, media codes), building nothing:
-    storage can reject at write time what the layout would reject at training time."""
+    """Every check `layout_sample` makes on `sample` (structure, text ids, media codes), building nothing."""
     plan_exchanges(sample, tokens)
 
 
@@ -126,12 +114,6 @@ def laid_out_length(sample: Sample, tokens: SpecialTokens, drop_text: bool = Fal
     return n
 
 
-def sample_length(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
-                  epoch: int) -> int:
-    """len(layout_sample(...)) with the same seeded CFG decisions."""
-    return laid_out_length(sample, tokens, *cfg_dropout(seed, epoch, sample.id, noise_cfg))
-
-
 def layout_sample(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
                   epoch: int) -> TrainingSequence:
     """The training sequence of `sample` for `epoch`: seeded CFG dropout and noise (reproducible)."""
@@ -143,8 +125,8 @@ def layout_sample(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig,
 
 def layout_eval(sample: Sample, tokens: SpecialTokens, noise_cfg: NoiseConfig, seed: int,
                 t: float) -> TrainingSequence:
-    """A validation sequence at a fixed noise level: text tokens masked with probability t, image answers
-    with ceil(t * cells) masked cells; no CFG dropout; the masked positions are seeded by (seed, sample)."""
+    """A validation sequence at noise level t (text p(t), ceil(t * cells) image cells), no CFG dropout,
+    masked positions seeded by (seed, sample)."""
     exchanges = plan_exchanges(sample, tokens)
     gen = sample_generator(seed, 0, sample.id, "eval")
     return _assemble(sample.id, exchanges, tokens, noise_cfg, gen, fixed_t=t)
@@ -186,8 +168,7 @@ def _assemble(sid: str, exchanges: list[Exchange], tokens: SpecialTokens, cfg: N
 
 def _noise_rows(piece: TrainingSequence, rows: torch.Tensor, masked: torch.Tensor, t: torch.Tensor,
                 mask_id: int) -> None:
-    """In place: answer rows `rows` get noise_t = t and answer_mask; the masked ones get mask_id in every
-    column and their original ids as labels."""
+    """In place: `rows` get noise_t = t and answer_mask; the masked ones get mask_id, labels their ids."""
     hit = rows[masked]
     piece.labels[hit] = piece.input_ids[hit]
     piece.input_ids[hit] = mask_id
@@ -196,9 +177,7 @@ def _noise_rows(piece: TrainingSequence, rows: torch.Tensor, masked: torch.Tenso
 
 
 def _cfg_drop(parts: list[Part], tokens: SpecialTokens, drop_text: bool, drop_image: bool) -> list[Part]:
-    """The user turn as the official guidance branches build it (infer_t2i_sft.py):
-    drop_text and drop_image: `<uncondition>` alone; drop_text: every media on its own line, then
-    `<uncondition>`; drop_image (with media): the text without its placeholders, "\n" stripped at both ends."""
+    """The user turn of a CFG-dropout branch (module docstring)."""
     media = [p for p in parts if isinstance(p, Media)]
     if drop_text:
         return ([] if drop_image else list(media)) + [Text([tokens.uncondition])]

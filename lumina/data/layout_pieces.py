@@ -1,14 +1,11 @@
 """Building blocks of a laid-out sequence: a prompt turn, a text answer, an image answer, media grids.
 
-Training (`lumina.data.layout`) and the generation samplers build their sequences from these same functions,
-so both agree on ids, types, turns, blocks, clean flags and positions. Every piece is a `TrainingSequence`
-with labels -100, noise_t 0 and answer_mask False; the training layout adds noise on top.
+Training (`lumina.data.layout`) and the generation samplers both build from these, so they agree on every
+id. Every piece is a `TrainingSequence` with labels -100, noise_t 0, answer_mask False.
 
-Conventions (contract 3.1, 6.2, 6.3): token columns are [L, C], text ids fill all C columns. Type 1 = prompt
-text and structural specials, 2 = prompt media cells and their markers, 3 = text answer (incl. EOA),
-4 = image answer cells and row markers. A prompt turn is clean with block -1. A text answer is BOA (type 1,
-noisy, block 0, position P) followed by answer rows at positions P+1+o, block o // block_length, for answer
-offset o = 0, 1, ... (EOA is the last answer row).
+Conventions (contract 3.1, 6.2, 6.3): token columns are [L, C], text ids fill all C columns. Types: 1 prompt
+text and structural specials, 2 prompt media cells and markers, 3 text answer (incl. EOA), 4 image answer
+cells and row markers. A prompt turn is clean, block -1.
 """
 
 from __future__ import annotations
@@ -99,14 +96,12 @@ def media_rows(media: Media, tokens: SpecialTokens) -> tuple[torch.Tensor, torch
 
 
 def user_content(parts: list[Part], tokens: SpecialTokens, where: str = "prompt") -> list[int | Media]:
-    """A user turn's content, as the official prompt builders lay it out: text ids and media, in order.
+    """A user turn's content as the official prompt builders lay it out: text ids and media, in order.
 
-    Placeholders in the text (`<IMG_CONTEXT>` / `<VIDEO_CONTEXT>` / `<3D_CONTEXT>`) are expanded where they
-    stand, each by the turn's next Media part of its kind; then every Media part must have one. Without
-    placeholders, media that come before any text stand on lines of their own, as the official builders prepend
-    a missing placeholder: M1 "\n" M2 ... Mk ("\n" text, when there is text); media after text stand where
-    they are (as if their placeholder were written there). Raises naming `where` for unmatched media or
-    placeholders, and when a media line needs `SpecialTokens.newline` and the vocabulary has none."""
+    Placeholders in the text (`<IMG_CONTEXT>` etc.) are replaced where they stand by the turn's next Media of
+    their kind, and every Media needs one. Without placeholders, media before any text stand on lines of their
+    own (M1 "\n" M2 ... Mk, then "\n" text); media after text stand where they are. Raises naming `where` for
+    unmatched media or placeholders, or a media line without `SpecialTokens.newline`."""
     media = [p for p in parts if isinstance(p, Media)]
     kinds = {tokens.placeholder(kind): kind for kind in PLACEHOLDER_FIELDS if tokens.placeholder(kind) >= 0}
     if any(i in kinds for p in parts if isinstance(p, Text) for i in p.ids):
@@ -168,8 +163,8 @@ def prompt_length(parts: list[Part], tokens: SpecialTokens, system: list[int] | 
 
 def layout_prompt(parts: list[Part], tokens: SpecialTokens, turn: int = 0, start_position: int = 0,
                   system: list[int] | None = None, sample_id: str = "") -> TrainingSequence:
-    """`<system>{system}</system><user>{user_content(parts)}</user>` (the system wrapper only when `system` is
-    given): one clean turn, block -1, positions start_position.. . Text type 1, media as `media_rows`."""
+    """[`<system>{system}</system>`]`<user>{user_content(parts)}</user>`: one clean turn, block -1, positions
+    start_position.., text type 1, media as `media_rows`."""
     c = tokens.num_codebooks
     head = [] if system is None else [tokens.system_open, *system, tokens.system_close]
     chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -196,9 +191,9 @@ def layout_text_answer(answer_ids: list[int] | torch.Tensor, tokens: SpecialToke
                        first_offset: int = 0, sample_id: str = "") -> TrainingSequence:
     """Rows of a text answer: [BOA] + answer rows (type 3).
 
-    answer_ids [n]: answer tokens at offsets first_offset.. (pass EOA as the last one when the answer is
-    complete; pass the text mask id for undecoded slots). Row of offset o: position boa_position + 1 + o,
-    block o // block_length, clean flag `clean`. BOA (with_boa): type 1, block 0, noisy, boa_position.
+    answer_ids [n]: tokens at answer offsets first_offset.. (EOA last when complete; the text mask id for
+    undecoded slots). Offset o: position boa_position + 1 + o, block o // block_length. BOA: type 1, block 0,
+    noisy, position boa_position.
     """
     if block_length <= 0:
         raise ValueError(f"block_length={block_length}: must be positive")
@@ -222,11 +217,8 @@ def image_answer_length(grid: tuple[int, int]) -> int:
 
 def layout_image_answer(grid: tuple[int, int], tokens: SpecialTokens, turn: int, start_position: int,
                         codes: torch.Tensor | None = None, sample_id: str = "") -> TrainingSequence:
-    """BOA BOI grid EOI EOA, all noisy, block 0, turn `turn`, positions start_position.. .
-
-    The grid holds h rows of w cells then a 5001 marker (cells and markers type 4; the four specials type 1).
-    codes [h*w, C] fills the cells; None fills every cell with the image mask id (the sampler's start).
-    """
+    """BOA BOI grid EOI EOA, all noisy, block 0, positions start_position..; the grid is h rows of w cells
+    + a 5001 marker (type 4; the specials type 1). codes [h*w, C] fill the cells (None: the image mask id)."""
     h, w = grid
     c = tokens.num_codebooks
     if codes is None:

@@ -5,14 +5,9 @@
     mix = plan.epoch(3)          # EpochMix: per slot its source (mix.source, into plan.names) and index
     mix.proportions              # e.g. {"world": 0.2987, "web": 0.7013}: log these
     plan.lengths(mix)            # [n, 4] stored laid-out lengths of the drawn items (no payload decoding)
-    plan.flat_indices(mix)       # the same items as indices into `ConcatSampleDataset(plan.sources)`
 
-Each slot's source is an independent categorical draw with the normalised weights (so realised shares
-fluctuate around the weights with binomial noise, std sqrt(p (1 - p) / n)); within a source, indices are
-taken from a fresh permutation per epoch, cycled when the source is drawn more often than it has samples
-(so every sample of a source appears before any repeats), and handed to that source's slots in slot order.
-Everything is a pure function of (seed, epoch), held in NumPy arrays (a few bytes per slot, no Python object
-per sample).
+Each slot's source is a categorical draw with the normalised weights; a source's slots take a fresh permutation
+per epoch (cycled: every sample before any repeat). A pure function of (seed, epoch), in NumPy arrays.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ import torch
 
 from lumina.data.schema import Sample
 from lumina.data.special_tokens import SpecialTokens
-from lumina.data.storage import SampleDataset, settings_mismatch
+from lumina.data.storage import SampleDataset, checked_index, settings_mismatch
 
 
 def _seed(*parts: object) -> int:
@@ -56,12 +51,6 @@ class EpochMix:
     counts: dict[str, int]
     proportions: dict[str, float]
 
-    @property
-    def items(self) -> list[tuple[str, int]]:
-        """The slots as (source name, index) Python pairs, for inspection (O(n) objects; the data path reads
-        `source` and `index`)."""
-        return [(self.names[k], i) for k, i in zip(self.source.tolist(), self.index.tolist(), strict=True)]
-
     def item(self, slot: int) -> tuple[str, int]:
         """(source name, index) of one slot."""
         return self.names[int(self.source[slot])], int(self.index[slot])
@@ -72,8 +61,7 @@ class EpochMix:
 
 
 class MixturePlan:
-    """sources: name -> dataset (anything with len; `__getitem__` and `laid_out_lengths` for `sample`/`lengths`);
-    weights: name -> weight >= 0 (normalised; every source needs one); samples_per_epoch: slots per epoch."""
+    """sources: name -> dataset; weights: name -> weight >= 0 (normalised), one per source."""
 
     def __init__(self, sources: Mapping[str, SampleDataset], weights: Mapping[str, float], seed: int,
                  samples_per_epoch: int):
@@ -116,8 +104,7 @@ class MixturePlan:
         return mix
 
     def gather(self, mix: EpochMix, tables: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Per-source tables (name -> [len(source), ...]) -> [n, ...] the rows of the drawn items, slot order
-        (in the tables' common type)."""
+        """Per-source tables (name -> [len(source), ...]) -> [n, ...] rows of the drawn items, slot order."""
         arrays = [np.asarray(tables[name]) for name in self.names]
         dtype = np.result_type(*arrays)
         out = np.empty((len(mix.index), *arrays[0].shape[1:]), dtype)
@@ -133,14 +120,8 @@ class MixturePlan:
         return self.sources[name][index]
 
     def lengths(self, mix: EpochMix) -> np.ndarray:
-        """[n, 4] stored laid-out lengths (keep, drop_text, drop_image, drop_both) of the items, in the stored
-        tables' type."""
+        """[n, 4] stored laid-out lengths of the items, in the stored tables' type."""
         return self.gather(mix, {name: self.sources[name].laid_out_lengths() for name in self.names})
-
-    def flat_indices(self, mix: EpochMix) -> np.ndarray:
-        """[n] int64 indices of the items in `ConcatSampleDataset(self.sources)` (sources in order)."""
-        offsets = np.cumsum([0] + [len(self.sources[n]) for n in self.names[:-1]], dtype=np.int64)
-        return offsets[mix.source] + mix.index
 
 
 class ConcatSampleDataset:
@@ -165,9 +146,7 @@ class ConcatSampleDataset:
 
     def locate(self, index: int) -> tuple[str, int]:
         """Global index -> (source name, index in that source)."""
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"index={index} out of range for a dataset of {len(self)} samples")
-        index %= len(self)
+        index = checked_index(index, len(self))
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         return self.names[k], index - int(self._starts[k])
 

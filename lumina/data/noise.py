@@ -1,11 +1,10 @@
 """Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout. How much is
 masked at a noise level is the masking schedule's (`NoiseConfig.schedule`, a `lumina.data.schedules` part).
 
-Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream), so a
-sample's noisy version is the same in every process and on every resume. The CFG-dropout coins, which the
-epoch plan needs for every sample at every epoch start, are counter-based instead: coin = splitmix64(id hash
-^ key(seed, epoch, stream)) as a uniform in [0, 1), where the id hash is FNV-1a-64 of the id's UTF-8 bytes
-(then splitmix64). One numba kernel draws them for one sample (the layout) or for all (the plan).
+Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream): the
+same in every process and on every resume. The CFG-dropout coins, needed for every sample at every epoch
+start, are counter-based: splitmix64(id hash ^ key(seed, epoch, stream)) as a uniform in [0, 1), the id hash
+being splitmix64 of FNV-1a-64 of the id's UTF-8 bytes; one kernel draws them for the layout and the plan.
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ def _hash_strings(offsets: np.ndarray, data: np.ndarray, out: np.ndarray) -> Non
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> np.ndarray:
-    """[N] uint64 hashes of sample ids (Arrow strings or Python str), the key of a sample's CFG-dropout coins;
-    computed from Arrow's buffers without a Python object per id."""
+    """[N] uint64 hashes of sample ids (Arrow strings or Python str), from Arrow's buffers."""
     if not isinstance(ids, pa.Array | pa.ChunkedArray):
         ids = pa.array(ids, pa.large_string())
     chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
@@ -132,44 +130,30 @@ def _variants(hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64, tex
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def _pick_lengths(stored: np.ndarray, hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64,
-                  text_prob: float, image_prob: float) -> np.ndarray:
-    out = np.empty(hashes.size, np.int32)
-    for i in range(hashes.size):
-        out[i] = stored[i, _variant(hashes[i], text_key, image_key, text_prob, image_prob)]
-    return out
-
-
 def _coin_keys(seed: int, epoch: int) -> tuple[np.uint64, np.uint64]:
     return np.uint64(stable_seed(seed, epoch, "cfg-text")), np.uint64(stable_seed(seed, epoch, "cfg-image"))
 
 
 def cfg_dropout(seed: int, epoch: int, sample_id: str, cfg: NoiseConfig) -> tuple[bool, bool]:
-    """(drop_text, drop_image), two independent Bernoulli draws. The layout applies them only where they
-    mean something: drop_text to image-answer samples, drop_image to those whose prompt holds media."""
+    """(drop_text, drop_image): two independent seeded coins."""
     variant = int(_variants(id_hashes([sample_id]), *_coin_keys(seed, epoch), cfg.uncond_text_prob,
                             cfg.uncond_image_prob)[0])
     return bool(variant & 1), bool(variant & 2)
 
 
 def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, seed: int, epoch: int) -> np.ndarray:
-    """Stored lengths [N, 4] (keep, drop_text, drop_image, drop_both) and id hashes [N] -> [N] int32 each
-    sample's length under the CFG-dropout decision `cfg_dropout(seed, epoch, id)` the layout takes (int32,
-    not the table's narrow type, so sums and Python arithmetic on them do not wrap)."""
+    """Stored lengths [N, 4], id hashes [N] -> [N] int32 lengths under `cfg_dropout(seed, epoch, id)`."""
     if stored.ndim != 2 or stored.shape != (hashes.size, 4):
         raise ValueError(f"stored lengths have shape {list(stored.shape)}, expected [{hashes.size}, 4]")
-    return _pick_lengths(np.ascontiguousarray(stored), hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob,
-                         cfg.uncond_image_prob)
+    variant = _variants(hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob, cfg.uncond_image_prob)
+    return np.take_along_axis(stored, variant[:, None].astype(np.intp), axis=1)[:, 0].astype(np.int32)
 
 
 def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator,
                       fixed_t: float | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Mask decisions for the text answers of one sample (answer tokens incl. EOA, in turn order).
-
-    Returns per answer (masked [n] bool, t [n] float32). Each token is masked with the schedule's p(t); t is
-    U[t_min, t_max] per block or per sample (`fixed_t` overrides it). A unit with no masked token gets one,
-    chosen uniformly: every block (t_per="block") or every answer (t_per="sample") is supervised.
+    """Per text answer of one sample (tokens incl. EOA): (masked [n] bool, t [n] float32). Each token is
+    masked with the schedule's p(t), t ~ U[t_min, t_max] per block or sample (or `fixed_t`); every block
+    (t_per="block") or answer (t_per="sample") gets at least one masked token.
     """
     if fixed_t is not None and not 0.0 <= fixed_t <= 1.0:
         raise ValueError(f"fixed_t={fixed_t}: must lie in [0, 1]")
@@ -197,9 +181,8 @@ def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator
 
 def image_mask_count(num_cells: int, cfg: NoiseConfig, gen: torch.Generator,
                      fixed_ratio: float | None = None) -> int:
-    """How many of `num_cells` grid cells to mask: ceil(gamma(r) * N), r ~ U[0, 1) and gamma the schedule's
-    image masking ratio (the sampler's masked fraction at progress r), clamped to [1, N]. `fixed_ratio`
-    replaces the draw."""
+    """Cells to mask of `num_cells`: ceil(gamma(r) * N) clamped to [1, N], r ~ U[0, 1), gamma the schedule's
+    image mask ratio (`fixed_ratio` replaces gamma(r))."""
     if num_cells <= 0:
         raise ValueError(f"num_cells={num_cells}: must be positive")
     if fixed_ratio is None:

@@ -3,16 +3,8 @@
 `best_fit` only sees lengths, so an epoch's whole plan is computed up front from stored lengths. Samples
 are placed in a seeded random order ("shuffled") or longest first ("longest_first", best-fit decreasing,
 ties in a seeded order); each goes into the open pack with the least room that still fits it, else into a
-new pack. Room lookup is a two-level bitset over the free capacity 0..seq_len, a few word operations per
-sample (the pure-Python packer before it used a Fenwick tree, with the same packs). The loop is a numba
-kernel over NumPy arrays and the packs come back as flat arrays (CSR), so 100M samples plan in well under a
-minute instead of hours (`experiments/bench/data.py`).
-
-Longest first groups samples of similar length, so its packs each hold one or two of the world's five tasks
-(a step then trains those alone); the shuffled order puts all five in 82% of the packs at the same fill
-(99.67% at seq_len 2048, `experiments/bench/data.py`).
-
-`collate_pack` concatenates the laid-out sequences of one pack and pads the tail to `seq_len`.
+new pack. The loop is a numba kernel over NumPy arrays; packs come back as flat arrays (CSR). Timings and
+the task mix per pack of both orders: `experiments/bench/data.py`.
 """
 
 from __future__ import annotations
@@ -36,9 +28,8 @@ PACK_ORDERS = ("shuffled", "longest_first")
 
 @dataclass(frozen=True, eq=False)
 class Packing:
-    """Packs as flat arrays (CSR): pack p holds sample indices `members[offsets[p]:offsets[p + 1]]` in placement
-    order; pack_tokens[p] = their summed length; skipped = indices of samples longer than seq_len (policy
-    "skip"), ascending. members: int32 (int64 past 2**31 samples); offsets, pack_tokens, skipped: int64."""
+    """Packs as flat arrays (CSR): pack p holds samples `members[offsets[p]:offsets[p + 1]]` (int32; int64
+    past 2**31 samples) in placement order; skipped: ascending indices of overlong samples ("skip")."""
 
     seq_len: int
     offsets: np.ndarray  # [num_packs + 1]
@@ -118,10 +109,8 @@ def _best_fit_kernel(placed: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.n
     """Best fit of the lengths `placed` [n], in that order -> (pack of each [n] int32, -1 = longer than
     seq_len; tokens [P] and sample count [P] of each pack).
 
-    Open packs are indexed by free room 0..seq_len: a LIFO stack of packs per room (a linked list: `head[room]`,
-    `below[pack]`) and a two-level bitset of the rooms whose stack is not empty, so the least room >= a length
-    is a few word operations. A sample goes into the open pack with the least room >= its length (the most
-    recently opened of those), else a new pack."""
+    Open packs per free room 0..seq_len: a LIFO linked list (`head[room]`, `below[pack]`) and a two-level
+    bitset of non-empty rooms; ties go to the most recently opened pack."""
     n, size = placed.size, seq_len + 1
     words = (size + 63) // 64
     bits, summary = np.zeros(words, np.uint64), np.zeros((words + 63) // 64, np.uint64)
@@ -180,11 +169,10 @@ def _group_members(assign: np.ndarray, placement: np.ndarray, offsets: np.ndarra
 def best_fit(lengths: np.ndarray | Sequence[int], seq_len: int, rng: np.random.Generator,
              order: PackOrder = "shuffled", overlong: OverlongPolicy = "error",
              sample_id: Callable[[int], str] | None = None) -> Packing:
-    """Pack samples of the given laid-out lengths into packs of at most `seq_len` tokens.
+    """Pack samples of the given laid-out lengths [N] into packs of at most `seq_len` tokens, none split.
 
-    No sample is split. A sample longer than `seq_len` raises ValueError naming it (policy "error") or is
-    left out and listed in `Packing.skipped` (policy "skip"). `rng` draws the placement order (`order`
-    "shuffled") or orders samples of equal length ("longest_first"). O(n), compiled.
+    A sample longer than `seq_len` raises ValueError naming it ("error") or is listed in `Packing.skipped`
+    ("skip"). `rng` draws the placement order ("shuffled") or the order of equal lengths ("longest_first").
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len={seq_len}: must be positive")
@@ -209,8 +197,7 @@ def best_fit(lengths: np.ndarray | Sequence[int], seq_len: int, rng: np.random.G
         placement = placement[np.argsort(-lens[placement].astype(np.int64), kind="stable")]  # ties: seeded order
     index_type = np.int32 if lens.size < 2**31 else np.int64
     placement = placement.astype(index_type, copy=False)
-    # gathered up front (NumPy's gather overlaps its cache misses, the kernel's loop would not), from a copy
-    # in the narrowest type that holds seq_len + 1 (overlong samples stay overlong): fewer bytes to miss on
+    # gathered up front, in the narrowest type that holds seq_len + 1 (overlong samples stay overlong)
     narrow_type = np.min_scalar_type(seq_len + 1)
     narrow = (lens if np.can_cast(lens.dtype, narrow_type) else np.minimum(lens, seq_len + 1)).astype(narrow_type)
     assign, tokens, count = _best_fit_kernel(narrow[placement], seq_len)
@@ -226,11 +213,8 @@ def collate_pack(sequences: Sequence[TrainingSequence], seq_len: int, pad_id: in
                  num_codebooks: int) -> PackedBatch:
     """Concatenate the sequences of one pack and pad the tail to `seq_len` -> PackedBatch [1, seq_len, (C)].
 
-    Segments are the sequences in order: cu_seqlens = [0, L0, L0+L1, ..., total]; the padding tail is not a
-    segment. An all-padding pack (no sequences) is one segment of padding, cu_seqlens = [0, seq_len], since
-    attention needs at least one segment; every row of it has token_valid false and labels -100. Tail rows:
-    input_ids = pad_id in all C columns, the rest `TAIL_FILL` (labels -100, type 0, turn 0, block -1,
-    position 0, is_clean / token_valid / answer_mask false, noise_t 0).
+    cu_seqlens = [0, L0, L0+L1, ..., total]; the padding tail is not a segment, except in an all-padding
+    pack (cu_seqlens [0, seq_len]: attention needs one). Tail rows: input_ids = pad_id, the rest `TAIL_FILL`.
     """
     total = sum(len(s) for s in sequences)
     if total > seq_len:

@@ -1,22 +1,14 @@
 """Image files -> pixel arrays of any aspect ratio, prepared as the official InternLumina-U2 tools prepare them.
 
-Every image file is read the same way, by `lumina-data build`, `tokenize-images`, `fit-tokenizer` and
-`lumina-generate` (through Pillow):
-    1. formats: PNG, JPEG, WebP and BMP (the official tool's suffixes), by content, not by file name;
-    2. converted to RGB (greyscale and palette images expanded; an alpha channel is dropped, not composited);
-    3. with max_edge > 0 the long edge is resized to max_edge with LANCZOS, up or down, aspect ratio kept (new
-       size round(W * s), round(H * s), s = max_edge / max(W, H); no resize when that is the current size);
-       with upscale=False max_edge is a ceiling: an image whose long edge is already <= max_edge keeps its size;
-    4. each side is centre-cropped down to a multiple of the patch (offsets floor((W - W') / 2), floor((H - H') / 2)).
-An image with a side under one patch after step 3 is refused; so is an unreadable, truncated or missing file.
-The result is uint8 [H', W', 3]; `to_signed` turns a stack of equal-sized ones into float [B, 3, H', W'] in [-1, 1].
-
-The two official preparations are two settings of `Preparation`:
-    `tools/tokenize_image.py` `prepare_image` (build, tokenize-images): max_edge (default 1024; for lumina's
-        built-in tokenizer the image size it was fitted at), upscale=True;
-    `infer_mmu_sft.py` `prepare_image_for_encode` (lumina-generate's understanding and edit inputs):
-        --input_max_edge (default 0: keep the size) and --input_no_upscale (upscale=False).
-The official tools do not apply EXIF orientation, so neither does lumina (the tokens match theirs).
+Every image file (build, tokenize-images, fit-tokenizer, lumina-generate) is read through Pillow:
+    1. PNG, JPEG, WebP or BMP, by content; converted to RGB (alpha dropped, not composited); no EXIF rotation;
+    2. with max_edge > 0 the long edge is resized to max_edge (LANCZOS, aspect ratio kept: size round(W * s),
+       round(H * s), s = max_edge / max(W, H)); with upscale=False only a longer edge is shrunk;
+    3. each side is centre-cropped to a multiple of the patch (offsets floor((W - W') / 2), ...).
+A side under one patch after step 2, or an unreadable, truncated or missing file, is refused.
+The official preparations are two `Preparation`s: `tools/tokenize_image.py` `prepare_image` (max_edge,
+upscale=True) and `infer_mmu_sft.py` `prepare_image_for_encode` (--input_max_edge, 0 keeps the size;
+--input_no_upscale).
 """
 
 from __future__ import annotations
@@ -55,9 +47,7 @@ class Preparation:
 
 
 def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
-    """An image file -> uint8 [H, W, 3], H and W multiples of prep.patch (module docstring); raises PixelError
-    naming the file. `path` may be a URL (`lumina.data.fs`: read whole, with the store's retries; a store still
-    failing raises StoreError)."""
+    """An image file (path or URL) -> uint8 [H, W, 3] (module docstring); PixelError naming the file."""
     try:
         data = read_bytes(path)
     except (FileNotFoundError, IsADirectoryError) as exc:
@@ -89,8 +79,7 @@ def read_image(path: str | Path, prep: Preparation) -> np.ndarray:
 
 
 def to_signed(arrays: np.ndarray | list[np.ndarray]) -> torch.Tensor:
-    """uint8 [B, H, W, 3] (or a list of equal-sized [H, W, 3]) -> float32 [B, 3, H, W] in [-1, 1], computed as
-    the official tools do: x / 255 * 2 - 1."""
+    """uint8 [B, H, W, 3] (or a list of [H, W, 3]) -> float32 [B, 3, H, W] in [-1, 1] as x / 255 * 2 - 1."""
     stacked = np.stack(arrays) if isinstance(arrays, list) else arrays
     return (torch.from_numpy(np.ascontiguousarray(stacked)).permute(0, 3, 1, 2).float() / 255.0) * 2 - 1
 

@@ -1,19 +1,14 @@
 """The epoch plan (which samples form which pack, in which order), dealing packs to data-parallel ranks,
 and the global pack cursor that makes a resume exact.
 
-Plan of epoch e: best fit over that epoch's laid-out lengths (its placement order drawn, or the ties of the
-longest-first order broken, by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG
-seeded by (seed, e). Every process computes the same plan from the same lengths, so nothing but
-(epoch, cursor) needs saving. Each rank computes it rather than receiving it: it is a pure function of data
-every rank already holds, a compiled pass over flat arrays (100M samples in well under a minute,
-`experiments/bench/data.py`), while a broadcast would ship ~5 bytes per sample through the process group
-at every epoch start and a plan file beside the checkpoint would be one more thing to go stale. A saved
-state records `PLAN_VERSION`; a resume under another version stops instead of training other packs.
+Plan of epoch e: best fit over that epoch's laid-out lengths (placement order, or longest-first ties, drawn
+by an RNG seeded by (seed, e)), then the pack order shuffled by a second RNG seeded by (seed, e). Every rank
+computes the same plan from the lengths it holds, so only (epoch, cursor) is saved, with `PLAN_VERSION`: a
+resume under another version stops instead of training other packs.
 
-Dealing: the cursor counts packs of the plan already handed out (all ranks together). At each step rank r
-of W trains pack `cursor + r` and the cursor moves by W. A rank whose slot lies past the end gets an
-all-padding pack, so every rank runs the same number of steps. A resume at a different W simply deals the
-remaining packs `plan[cursor:]` round-robin over the new W.
+Dealing: the cursor counts packs handed out (all ranks). At each step rank r of W trains pack `cursor + r`
+and the cursor moves by W; a slot past the end gets an all-padding pack, so every rank runs the same number
+of steps. A resume at another W deals `plan[cursor:]` round-robin over the new W.
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ PLAN_VERSION = 2  # 1: CFG-dropout coins from one torch.Generator per sample; 2:
 
 @dataclass(frozen=True, eq=False)
 class EpochPlan:
-    """The p-th pack of the epoch (training order) is `packing`'s pack order[p]; lengths[i] = laid-out length
-    of sample i this epoch. Flat arrays only: order int64 [num_packs], lengths [N] (the source's dtype)."""
+    """Pack p of the epoch is `packing`'s pack order[p] (int64 [num_packs]); lengths [N]: this epoch's."""
 
     epoch: int
     packing: Packing
@@ -46,20 +40,8 @@ class EpochPlan:
     lengths: np.ndarray
 
     @property
-    def seq_len(self) -> int:
-        return self.packing.seq_len
-
-    @property
     def num_packs(self) -> int:
         return len(self.order)
-
-    @property
-    def skipped(self) -> np.ndarray:
-        return self.packing.skipped
-
-    @property
-    def fill_ratio(self) -> float:
-        return self.packing.fill_ratio
 
     def pack(self, p: int) -> tuple[int, ...]:
         """Sample indices of the p-th pack of the epoch."""
@@ -72,7 +54,7 @@ class EpochPlan:
     @cached_property
     def _digest(self) -> str:
         h = hashlib.blake2b(digest_size=8)
-        h.update(f"v{PLAN_VERSION}:{self.epoch}:{self.seq_len}:{len(self.lengths)}".encode())
+        h.update(f"v{PLAN_VERSION}:{self.epoch}:{self.packing.seq_len}:{len(self.lengths)}".encode())
         for array in (self.order, self.packing.offsets, self.packing.members):
             h.update(np.ascontiguousarray(array).data)
         return h.hexdigest()
@@ -114,12 +96,8 @@ def _check_world(rank: int, world_size: int) -> None:
 
 
 class PackSchedule:
-    """One rank's position in the training stream: epoch, global pack cursor, steps consumed.
-
-    `begin(epoch)` starts (or continues) an epoch and returns this rank's remaining packs;
-    `consumed()` is called once per training step actually finished; `state_dict()` / `load_state_dict()`
-    carry (epoch, cursor) across a restart, at the same or a different world size.
-    """
+    """One rank's position in the training stream: `begin(epoch)` returns this rank's remaining packs,
+    `consumed()` counts finished steps, the state dict carries (epoch, cursor) across a restart."""
 
     def __init__(self, lengths: Callable[[int], Sequence[int]], seq_len: int, seed: int,
                  overlong: OverlongPolicy = "error", sample_id: Callable[[int], str] | None = None,
@@ -146,10 +124,10 @@ class PackSchedule:
                                     self.sample_id, self.order)
             plan = self._plan
             log.info("epoch %d: %d samples -> %d packs of %d tokens, fill ratio %.4f", epoch, len(plan.lengths),
-                     plan.num_packs, self.seq_len, plan.fill_ratio)
-            if plan.skipped.size:
-                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch, len(plan.skipped),
-                            self.seq_len)
+                     plan.num_packs, self.seq_len, plan.packing.fill_ratio)
+            if plan.packing.skipped.size:
+                log.warning("epoch %d: skipped %d samples longer than seq_len=%d", epoch,
+                            len(plan.packing.skipped), self.seq_len)
         return self._plan
 
     @property
@@ -158,8 +136,8 @@ class PackSchedule:
         return min(self.start_cursor + self.steps * self.world_size, self.plan().num_packs)
 
     def begin(self, epoch: int) -> list[int | None]:
-        """Enter `epoch` (a loaded state for it resumes at its cursor; the epoch in progress continues
-        where it is; any other epoch starts at 0). Returns this rank's remaining packs, one per step."""
+        """This rank's remaining packs of `epoch`, one per step, from a loaded state's cursor, where the epoch
+        in progress stands, or 0."""
         if self._pending is not None and self._pending["epoch"] == epoch:
             self._apply(self._pending)
             if int(self._pending["world_size"]) != self.world_size:

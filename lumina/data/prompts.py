@@ -1,17 +1,11 @@
 """Per-task system prompts of the prompt template.
 
-The official inference scripts always open the prompt with `<system>{prompt}</system>`, one prompt per task
-(infer_mmu_sft.py: text / understanding; infer_video_sft.py; infer_3d_sft.py; infer_t2i_sft.py: t2i / edit).
-A model fine-tuned for the official pipeline is trained with the same ones. The built-in world keeps short
-prompts of its own (`lumina.data.world.tasks.WORLD_SYSTEM_PROMPTS`): its closed word vocabulary and short
-samples would otherwise be dominated by them.
-
-Task keys: "text", "understand" (image), "understand_video", "understand_mesh3d", "t2i", "edit".
+The official inference scripts open every prompt with `<system>{prompt}</system>`, one prompt per task
+(infer_mmu_sft.py, infer_video_sft.py, infer_3d_sft.py, infer_t2i_sft.py). The built-in world uses short
+ones of its own (`lumina.data.world.tasks.WORLD_SYSTEM_PROMPTS`) that fit its closed vocabulary.
 """
 
 from __future__ import annotations
-
-SYSTEM_PROMPT_TASKS = ("text", "understand", "understand_video", "understand_mesh3d", "t2i", "edit")
 
 OFFICIAL_SYSTEM_PROMPTS = {
     "text": "You are a helpful assistant.",

@@ -1,10 +1,7 @@
 """Dataset roots: a directory whose splits are its `train/` and `val/` subdirectories.
 
-`lumina-data build --imagefolder` writes OUT/train and OUT/val; other datasets name the held-out split
-`validation/`, `valid/` or `dev/`. `dataset_root(DIR)` reads such a directory as (train, held-out) paths:
-`train/` plus the one of `VAL_DIRS` present (None when none is; two of them are ambiguous and refused). A
-`test/` split is never read (neither trained nor validated on: it stays yours for the final evaluation). A
-directory without `train/` is not a root (None): it is read as it is.
+The held-out split is the one of `VAL_DIRS` present (two are ambiguous and refused). `test/` is never read
+(it stays yours for the final evaluation). A directory without `train/` is not a root.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ class DatasetRoot:
 
 
 def dataset_root(path: str | Path) -> DatasetRoot | None:
-    """The splits of a dataset root (module docstring), or None when `path` is not one. Two held-out
-    directories (e.g. val/ and valid/) are ambiguous and refused."""
+    """The splits of a dataset root (module docstring), or None when `path` is not one."""
     root = Path(path)
     if not (root / TRAIN_DIR).is_dir():
         return None

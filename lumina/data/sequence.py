@@ -9,11 +9,8 @@ import torch
 
 @dataclass
 class TrainingSequence:
-    """All tensors have leading length L (one sample, no padding).
-
-    input_ids, labels [L, C] int64; type_ids, turn_ids, block_ids, position_ids [L] int64;
-    is_clean, answer_mask [L] bool; noise_t [L] float32.
-    """
+    """One sample, no padding: input_ids, labels [L, C] int64; type_ids, turn_ids, block_ids, position_ids
+    [L] int64; is_clean, answer_mask [L] bool; noise_t [L] float32."""
 
     sample_id: str
     input_ids: torch.Tensor

@@ -1,9 +1,4 @@
-"""Pack sources: what packing reads from a data set (per-epoch laid-out lengths, laid-out sequences).
-
-    LayoutSource   a storage SampleDataset (Parquet shards / in memory) through `layout_sample` (or, for
-                   validation, `layout_eval` at a fixed noise level)
-    MixtureSource  a weighted MixturePlan of several SampleDatasets, redrawn every epoch
-"""
+"""Pack sources: what packing reads from a data set (per-epoch laid-out lengths, laid-out sequences)."""
 
 from __future__ import annotations
 
@@ -23,9 +18,7 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class PackSource(Protocol):
-    """What packing needs from a data source: sample count, per-epoch laid-out lengths ([N] integers, after
-    that epoch's seeded CFG dropout) and the laid-out sequence of one sample in one epoch. Must be picklable
-    (workers)."""
+    """A picklable data source: per-epoch laid-out lengths [N] (after CFG dropout) and sequences."""
 
     def __len__(self) -> int: ...
 
@@ -37,11 +30,8 @@ class PackSource(Protocol):
 
 
 class LayoutSource:
-    """A `PackSource` over a storage `SampleDataset` (Parquet shards or in memory): lengths come from the
-    stored CFG-variant columns picked by that epoch's seeded dropout, sequences from `layout_sample`.
-
-    With `eval_t` set it is a validation source instead: no CFG dropout, every sample laid out by
-    `layout_eval` at the fixed noise level `eval_t` (the same masked positions in every call)."""
+    """A `PackSource` over a `SampleDataset`: stored lengths picked by the epoch's CFG dropout, sequences from
+    `layout_sample`; with `eval_t`, a validation source (`layout_eval` at noise level eval_t, no dropout)."""
 
     def __init__(self, dataset: SampleDataset, noise: NoiseConfig, seed: int, eval_t: float | None = None) -> None:
         if eval_t is not None and not 0.0 <= eval_t <= 1.0:
@@ -72,9 +62,8 @@ class LayoutSource:
 
 
 class MixtureSource:
-    """A `PackSource` over a weighted `MixturePlan`: in epoch e, slot j is the mixture's j-th drawn item
-    (source, index) of that epoch, laid out by `layout_sample` (seeded CFG dropout and noise per sample id).
-    The sources must share one SpecialTokens."""
+    """A `PackSource` over a `MixturePlan` (sources sharing one SpecialTokens): slot j of epoch e is the
+    mixture's j-th item of that epoch, laid out by `layout_sample`."""
 
     def __init__(self, mixture: MixturePlan, noise: NoiseConfig, seed: int) -> None:
         self.mixture, self.noise, self.seed = mixture, noise, seed

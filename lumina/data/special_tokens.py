@@ -1,10 +1,8 @@
 """`SpecialTokens`: every special id the layout writes, plus the token-space sizes it validates against.
 
-Text ids live in the word vocabulary (`text_vocab_size` rows); image-code ids live in the per-codebook
-image tables (`image_vocab_size` rows), where 0..codebook_size-1 are real codes and the markers sit above.
-`official()` gives the InternLumina-U2 values (contract section 7); a built-in tokenizer passes its own ids.
-The prompt template's tokens (`TEMPLATE_FIELDS`: the media placeholders and the tokenizer's "\n") are -1 where
-a vocabulary has none; the official contract fixes the placeholders, "\n" comes from the tokenizer.
+Text ids index the word vocabulary (`text_vocab_size`); image-code ids the per-codebook image tables
+(`image_vocab_size`: codes 0..codebook_size-1, markers above). `official()` gives the InternLumina-U2 values
+(contract section 7). The template's tokens (`TEMPLATE_FIELDS`) are -1 where a vocabulary has none.
 """
 
 from __future__ import annotations
@@ -29,7 +27,8 @@ IMAGE_ID_FIELDS = (
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    # --- text vocabulary ids ---
+    """Fields in order: TEXT_ID_FIELDS, TEMPLATE_FIELDS, IMAGE_ID_FIELDS, then the token-space sizes."""
+
     pad: int = 156892
     text_mask: int = 156895
     boa: int = 157165
@@ -45,26 +44,20 @@ class SpecialTokens:
     user_open: int = 157155
     user_close: int = 157157
     uncondition: int = 157156
-    # --- prompt-template text ids (-1 = none in this vocabulary) ---
     img_context: int = UNSET
     video_context: int = UNSET
     mesh3d_context: int = UNSET
     newline: int = UNSET
-    # --- image-code table ids ---
     image_mask: int = 5000
     image_row_end: int = 5001
     mesh3d_row_end: int = 5002
     mesh3d_layer_end: int = 5003
     video_row_end: int = 5004
     video_group_end: int = 5005
-    # --- token-space sizes ---
     text_vocab_size: int = 157184
     image_vocab_size: int = 5010
     codebook_size: int = 4096
     num_codebooks: int = 8
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     @classmethod
     def official(cls, newline: int = UNSET) -> SpecialTokens:
@@ -73,8 +66,7 @@ class SpecialTokens:
 
     @classmethod
     def from_record(cls, fields: dict, where: str) -> SpecialTokens:
-        """SpecialTokens from a stored record (a dataset's metadata); records written before the prompt template
-        (no TEMPLATE_FIELDS) are refused, since their samples were laid out without it."""
+        """SpecialTokens from a dataset's record; one without TEMPLATE_FIELDS (older data) is refused."""
         missing = [f for f in TEMPLATE_FIELDS if f not in fields]
         if missing:
             raise ValueError(f"{where}: special tokens recorded without {missing}: the data predates the prompt "
@@ -86,7 +78,7 @@ class SpecialTokens:
         """The placeholder id of media `kind` (UNSET when the vocabulary has none)."""
         return getattr(self, PLACEHOLDER_FIELDS[kind])
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in ("text_vocab_size", "image_vocab_size", "codebook_size", "num_codebooks"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SpecialTokens.{name}={getattr(self, name)}: must be positive")

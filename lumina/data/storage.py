@@ -9,18 +9,9 @@ Row schema (plain Arrow types, readable by any Arrow tool):
                 grid: list<int32>        (h, w) | (t, h, w) | (z, y, x) (null for text)
                 codes: list<int32>       the [N, C] code grid flattened row-major (null for text)
             >>>>
-    len_keep, len_drop_text, len_drop_image, len_drop_both   int32
-                                         laid-out lengths for the four CFG-dropout variants, so packing
-                                         plans from these columns without decoding payloads
-File metadata key b"lumina" holds JSON {"format", "version", "special_tokens": SpecialTokens fields, "assets"};
-readers compare it with the settings they expect and refuse a mismatch (ids, codebook size, C, vocab sizes).
-"assets" (optional) records the text and visual tokenizers the shards were built with (`DatasetAssets`, paths
-relative to the shard's directory); every shard of a dataset must record the same ones.
-
-Dataset interface (`SampleDataset`): len, `__getitem__(i) -> Sample`, `laid_out_lengths() -> [N, 4]` (the
-narrowest unsigned integer type that holds them), `id_hashes() -> [N] uint64` (`noise.id_hashes`, the key of
-the CFG-dropout coins), `sample_id(i) -> str`, `sample_ids() -> list[str]` (small data sets: a Python object
-per sample), `tokens` (the SpecialTokens the lengths were computed with).
+    len_keep, len_drop_text, len_drop_image, len_drop_both   int32: laid-out lengths of the CFG variants
+File metadata b"lumina": JSON {"format", "version", "special_tokens", "assets"} (optional `DatasetAssets`,
+paths relative to the shard); readers refuse other settings, and all shards must record the same assets.
 """
 
 from __future__ import annotations
@@ -96,7 +87,6 @@ def validate_sample(sample: Sample, tokens: SpecialTokens) -> None:
                 raise ValueError(f"{where} is {type(part).__name__}; expected Text or Media")
 
 
-# ---- rows ----
 def sample_to_row(sample: Sample, lengths: Sequence[int]) -> dict:
     turns = []
     for turn in sample.turns:
@@ -134,7 +124,6 @@ def row_to_sample(row: dict, num_codebooks: int, where: str = "row") -> Sample:
     return Sample(row["id"], turns, source=row["source"])
 
 
-# ---- metadata ----
 def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None) -> dict[bytes, bytes]:
     """assets: paths already relative to the shard's directory."""
     doc = {"format": FORMAT, "version": VERSION, "special_tokens": dataclasses.asdict(tokens)}
@@ -143,11 +132,8 @@ def settings_metadata(tokens: SpecialTokens, assets: DatasetAssets | None = None
     return {METADATA_KEY: json.dumps(doc, sort_keys=True).encode()}
 
 
-def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
-    """The shard's b"lumina" document (from `schema` when given, else read from `path`)."""
-    if schema is None:
-        with open_binary(str(path)) as f:
-            schema = pq.read_schema(f)
+def read_metadata(path: str | Path, schema: pa.Schema) -> tuple[SpecialTokens, DatasetAssets]:
+    """The SpecialTokens and tokenizers (paths resolved) in the Arrow schema of the shard at `path`."""
     meta = schema.metadata or {}
     if METADATA_KEY not in meta:
         raise ValueError(f"{path}: no {METADATA_KEY.decode()!r} file metadata; not a lumina sample shard")
@@ -155,23 +141,13 @@ def _metadata(path: str | Path, schema: pa.Schema | None = None) -> dict:
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise ValueError(f"{path}: format={doc.get('format')!r} version={doc.get('version')!r}, "
                          f"expected {FORMAT!r} version {VERSION}")
-    return doc
-
-
-def read_settings(path: str | Path, schema: pa.Schema | None = None) -> SpecialTokens:
-    """The SpecialTokens a shard was written with (from its Parquet file metadata)."""
-    return SpecialTokens.from_record(_metadata(path, schema)["special_tokens"], str(path))
-
-
-def read_assets(path: str | Path, schema: pa.Schema | None = None) -> DatasetAssets:
-    """The tokenizers a shard records, paths resolved against its directory (empty when it records none)."""
-    doc = _metadata(path, schema).get("assets")
-    if doc is None:
-        return DatasetAssets()
+    tokens = SpecialTokens.from_record(doc["special_tokens"], str(path))
+    if doc.get("assets") is None:
+        return tokens, DatasetAssets()
     if is_url(path):
         raise ValueError(f"{path}: records tokenizer files beside the shard, which lumina reads from local disk "
                          "only; keep shards that record tokenizers on a local or mounted file system")
-    return DatasetAssets.from_json(doc, str(path)).resolved_from(Path(path).parent)
+    return tokens, DatasetAssets.from_json(doc["assets"], str(path)).resolved_from(Path(path).parent)
 
 
 def settings_mismatch(found: SpecialTokens, expected: SpecialTokens) -> list[str]:
@@ -180,13 +156,9 @@ def settings_mismatch(found: SpecialTokens, expected: SpecialTokens) -> list[str
     return [f"{k}: found {a[k]}, expected {b[k]}" for k in a if a[k] != b[k]]
 
 
-# ---- writing ----
 class ShardWriter:
-    """Writes samples to `out_dir/{prefix}-00000.parquet`, ... with `rows_per_shard` rows each.
-
-    Every sample is validated against `tokens`; ids must be unique within the writer; lengths come from
-    `length_fn` (default: the layout's `laid_out_length`); `assets` (absolute paths) are recorded in every shard.
-    Use as a context manager or call `close()`."""
+    """Writes validated samples with unique ids to `out_dir/{prefix}-00000.parquet`, ..., `rows_per_shard`
+    rows each; lengths from `length_fn` (default the layout's); `assets` (absolute paths) recorded in each."""
 
     def __init__(self, out_dir: str | Path, tokens: SpecialTokens, length_fn: LengthFn | None = None,
                  rows_per_shard: int = 4096, row_group_size: int = 256, prefix: str = "shard",
@@ -246,8 +218,10 @@ def write_samples(samples: Iterable[Sample], out_dir: str | Path, tokens: Specia
     return writer.paths
 
 
-# ---- reading ----
 class SampleDataset(Protocol):
+    """Random access to samples; `laid_out_lengths()` [N, 4] in the narrowest unsigned type, `id_hashes()` [N]
+    uint64 (`noise.id_hashes`), `tokens` the SpecialTokens the lengths were computed with."""
+
     tokens: SpecialTokens
 
     def __len__(self) -> int: ...
@@ -264,15 +238,15 @@ class SampleDataset(Protocol):
 
 
 def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
-    """Non-negative laid-out lengths in the narrowest unsigned type that holds them (uint16 below 65,536
-    tokens): the [N, 4] table every epoch start reads, a quarter of int64's bytes."""
+    """Non-negative laid-out lengths in the narrowest unsigned type that holds them (at least uint8)."""
     if lengths.size and lengths.min() < 0:
         raise ValueError(f"laid-out lengths hold a negative value ({int(lengths.min())})")
     top = int(lengths.max()) if lengths.size else 0
     return lengths.astype(np.min_scalar_type(max(top, 255)), copy=False)
 
 
-def _index(index: int, n: int) -> int:
+def checked_index(index: int, n: int) -> int:
+    """`index` (negative from the end) into a dataset of n samples; TypeError / IndexError naming it."""
     if not isinstance(index, int | np.integer) or isinstance(index, bool):
         raise TypeError(f"index={index!r}: expected an int")
     if not -n <= index < n:
@@ -281,8 +255,8 @@ def _index(index: int, n: int) -> int:
 
 
 def shard_paths(paths: str | Path | Sequence[str | Path], retry: Retry = DEFAULT_RETRY) -> list[str | Path]:
-    """A file, a directory (its *.parquet, sorted), or a list of either -> shard files. URLs (`s3://b/prefix`)
-    name an object or a prefix holding *.parquet objects and stay strings; local paths become Paths."""
+    """A file, a directory (its *.parquet, sorted), or a list of either -> shard files; a URL names an object
+    or a prefix holding *.parquet objects (kept as strings)."""
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     out: list[str | Path] = []
     for item in items:
@@ -317,8 +291,7 @@ def _remote_shards(url: str, retry: Retry) -> list[str]:
 
 @dataclass(frozen=True)
 class _ShardIndex:
-    """What a dataset keeps of one shard: its settings, tokenizers, footer and byte size (so a payload read
-    fetches only its column chunks), lengths [n, 4], ids."""
+    """One shard's settings, tokenizers, footer and byte size (for payload reads), lengths [n, 4], ids."""
 
     tokens: SpecialTokens
     assets: DatasetAssets
@@ -338,7 +311,7 @@ def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
             except pa.ArrowInvalid as exc:  # truncated or not Parquet: bad data, not a transient failure
                 raise ValueError(f"{path}: not a readable Parquet shard ({exc})") from exc
             schema = file.schema_arrow
-            tokens, assets = read_settings(path, schema), read_assets(path, schema)
+            tokens, assets = read_metadata(path, schema)
             missing = [c for c in ("id", *LENGTH_COLUMNS) if c not in schema.names]
             if missing:
                 raise ValueError(f"{path}: lacks the columns {missing}; not a lumina sample shard")
@@ -356,13 +329,10 @@ def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
 
 
 class ParquetSampleDataset:
-    """Random access to Parquet sample shards, local or on an object store (`lumina.data.fs`). Lengths and
-    ids are read eagerly from their own columns, every shard once, `readers` shards at a time; payloads are
-    fetched and decoded per row group on demand, at most `cache_row_groups` kept (an LRU per process, so
-    per DataLoader worker). Every store read is retried within `retry`, then fails naming the URL.
-
-    tokens: the settings the caller expects; a shard written with other settings raises ValueError.
-    assets: the tokenizers the shards record (`DatasetAssets`, paths resolved), the same in every shard."""
+    """Random access to Parquet sample shards, local or on an object store (`lumina.data.fs`, reads retried
+    within `retry`). Lengths and ids are read eagerly (`readers` shards at a time); payloads per row group on
+    demand, an LRU of `cache_row_groups` per process. tokens: the settings expected (others raise ValueError);
+    `assets`: the tokenizers the shards record (paths resolved)."""
 
     def __init__(self, paths: str | Path | Sequence[str | Path], tokens: SpecialTokens | None = None,
                  cache_row_groups: int = 16, retry: Retry = DEFAULT_RETRY, readers: int = 16):
@@ -417,7 +387,7 @@ class ParquetSampleDataset:
         return self._hashes
 
     def sample_id(self, index: int) -> str:
-        return self._ids[_index(index, len(self))].as_py()
+        return self._ids[checked_index(index, len(self))].as_py()
 
     def sample_ids(self) -> list[str]:
         return self._ids.to_pylist()
@@ -428,7 +398,6 @@ class ParquetSampleDataset:
             return self._cache[g]
         shard, group, _ = self._groups[g]
         path = str(self.paths[shard])
-
         footer, size = self._footers[shard]
 
         def read() -> pa.Table:  # the known footer and size; the three column chunks in one coalesced read
@@ -443,7 +412,7 @@ class ParquetSampleDataset:
         return table
 
     def __getitem__(self, index: int) -> Sample:
-        i = _index(index, len(self))
+        i = checked_index(index, len(self))
         g = int(np.searchsorted(self._starts, i, side="right")) - 1
         table = self._row_group(g)
         j = i - int(self._starts[g])
@@ -475,7 +444,7 @@ class InMemorySampleDataset:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> Sample:
-        return self.samples[_index(index, len(self))]
+        return self.samples[checked_index(index, len(self))]
 
     def laid_out_lengths(self) -> np.ndarray:
         return self._lengths
@@ -484,7 +453,7 @@ class InMemorySampleDataset:
         return self._hashes
 
     def sample_id(self, index: int) -> str:
-        return self.samples[_index(index, len(self))].id
+        return self.samples[checked_index(index, len(self))].id
 
     def sample_ids(self) -> list[str]:
         return [s.id for s in self.samples]

@@ -1,26 +1,20 @@
 """Official media token files: `torch.save` dicts of "indices" [N, C] and "coords" [N, k], read and written.
 
 Reading (`read_token_file`) follows the official reader (InternLumina-U2 `utils/media_token_io.py`):
-    * `.pkl` / `.pt` files are `torch.load`ed with `weights_only=True`, never plain pickle: torch's own allow-list
-      (tensors, storages, plain containers: dict, list, tuple, `collections.OrderedDict`, ...; the official
-      files save torch tensors) plus the NumPy globals a pickled array or scalar needs (`NUMPY_GLOBALS`). A
-      file whose pickle asks for anything else (os.system, collections.defaultdict, ...) is refused with
-      `TokenFileError` naming the file and the globals, and nothing of it runs;
-    * the payload is checked like `_validate_media_token_schema`: a dict with "indices" and "coords";
-      both rectangular integer matrices (tensors, NumPy arrays or nested lists) with at least one row;
-      indices with C columns and codes in [0, K) (C x K is the dataset's tokenizer: 8 x 4096 for AToken);
-      coords with the columns of its kind (image 4 or 5, video 5, mesh3d 3 or 5); equal row counts;
-      non-negative coords. Every error names the file and the field.
+    * `torch.load(weights_only=True)`, never plain pickle: torch's allow-list plus the NumPy globals an array
+      needs (`NUMPY_GLOBALS`); a pickle asking for anything else is refused (`TokenFileError`), nothing runs;
+    * the schema of `_validate_media_token_schema`: "indices" and "coords", rectangular integer matrices with
+      equal row counts (at least one); indices with C columns and codes in [0, K); coords non-negative, with
+      the columns of its kind (image 4 or 5, video 5, mesh3d 3 or 5);
     * coords -> grid, as the official loaders read them:
         image   (batch, time, row, col[, 0])   column 2 = row, column 3 = column;  grid (h, w)
         video   (batch, t, x, y, z)            column 1 = t, 2 = x (width), 3 = y; grid (t, h, w)
         mesh3d  (x, y, z) or (batch, t, x, y, z)                                  grid (z, y, x)
-      An image's tokens must already be in row-major order (the official scripts view them as [h, w] in file
-      order); a video's or a 3-D asset's are sorted into (t, y, x) / (z, y, x) order, as the official
-      `add_break_line_multi_codebook_3d` does. Every grid cell must appear exactly once; the batch column
-      must be constant (one medium per file).
-`tools/tokenize_image.py` also writes "image_width" / "image_height" (the pixels encoded); when present they
-must be positive integers and are returned. `token_file_dict` writes the same keys (indices and coords int32).
+      Image tokens must be in row-major order already; video and 3-D tokens are sorted into (t, y, x) /
+      (z, y, x) order (as `add_break_line_multi_codebook_3d`). Every cell appears exactly once; the other
+      columns are constant (one medium per file).
+Optional "image_width" / "image_height" (written by `tools/tokenize_image.py` and `token_file_dict`) must be
+positive integers. Every error names the file and the field.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ SIZE_KEYS = ("image_height", "image_width")
 
 
 def _numpy_globals() -> list[Any]:
-    """The NumPy objects a pickled ndarray / scalar refers to, under the names NumPy 1 and 2 write (NumPy 2
-    rebuilds each dtype through its DType class, so the integer, float and bool ones are listed)."""
+    """The NumPy objects a pickled ndarray / scalar refers to, under NumPy 1's and 2's names."""
     core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
     found: list[Any] = [np.ndarray, np.dtype]
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
@@ -77,11 +70,8 @@ class TokenFile:
 
 
 def load_token_dict(path: str | Path) -> Any:
-    """The unpickled payload of a token file, a local path or a URL (`lumina.data.fs`: its bytes read whole,
-    with the store's retries; a store still failing raises StoreError), loaded with weights_only=True +
-    NUMPY_GLOBALS: torch's weights-only unpickler (tensors, containers such as collections.OrderedDict, no
-    code) plus NumPy's array globals; TokenFileError naming the file for a missing file, a corrupt one or a
-    pickle asking for any other global."""
+    """The safely unpickled payload of a token file (a local path or a URL, read with the store's retries);
+    TokenFileError naming the file when it is missing, corrupt or asks for another global."""
     try:
         data = read_bytes(path)
     except (FileNotFoundError, IsADirectoryError) as exc:
@@ -96,8 +86,7 @@ def load_token_dict(path: str | Path) -> Any:
 
 def _refusal(data: bytes, exc: Exception) -> str:
     """The globals a refused pickle asks for beyond NUMPY_GLOBALS, else the loader's own reason."""
-    allowed = {name if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
-               for g in NUMPY_GLOBALS for name in ([g[1]] if isinstance(g, tuple) else [None])}
+    allowed = {g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}" for g in NUMPY_GLOBALS}
     try:
         foreign = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
                    if g not in allowed]
@@ -143,16 +132,11 @@ def _image_size(data: dict, path: str | Path) -> tuple[int, int] | None:
     return size[0], size[1]
 
 
-def media_grid(coords: torch.Tensor, kind: str) -> tuple[int, ...]:
-    """The grid a kind's coords [N, k] span (module docstring: column meanings per kind)."""
-    return tuple(int(coords[:, a].max()) + 1 for a in GRID_AXES[kind][coords.shape[1]])
-
-
 def grid_order(coords: torch.Tensor, kind: str, where: str) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """(permutation putting the tokens in grid order, grid) of validated coords; raises TokenFileError naming
-    `where` unless every grid cell appears exactly once (images: already in row-major order)."""
+    """(permutation into grid order, grid) of validated coords; TokenFileError naming `where` unless every
+    cell appears exactly once (images: already row-major)."""
     axes = GRID_AXES[kind][coords.shape[1]]
-    grid = media_grid(coords, kind)
+    grid = tuple(int(coords[:, a].max()) + 1 for a in axes)
     n = coords.shape[0]
     if n != math.prod(grid):
         raise TokenFileError(f"{where}: coords has {n} rows but spans the grid {grid} ({math.prod(grid)} cells)")
@@ -203,8 +187,7 @@ def validate_token_dict(data: Any, path: str | Path, kind: str, num_codebooks: i
 
 def read_token_file(path: str | Path, kind: str, num_codebooks: int = ATOKEN_CODES[0],
                     codebook_size: int = ATOKEN_CODES[1]) -> TokenFile:
-    """An official `.pkl` / `.pt` token file (a local path or a URL) -> TokenFile (codes in grid order, grid,
-    recorded image size)."""
+    """An official `.pkl` / `.pt` token file (a local path or a URL) -> TokenFile."""
     return validate_token_dict(load_token_dict(path), path, kind, num_codebooks, codebook_size)
 
 
@@ -218,8 +201,7 @@ def image_coords(grid: tuple[int, int]) -> torch.Tensor:
 
 def token_file_dict(codes: torch.Tensor, grid: tuple[int, int], image_size: tuple[int, int] | None = None
                     ) -> dict[str, Any]:
-    """An image's token file as `tools/tokenize_image.py` writes it: indices int32 [N, C], coords int32 [N, 5],
-    plus image_width / image_height when image_size (height, width) is given."""
+    """An image's token file as `tools/tokenize_image.py` writes it (image_size: (height, width) or None)."""
     if codes.dim() != 2 or codes.shape[0] != math.prod(grid):
         raise ValueError(f"codes has shape {list(codes.shape)}; expected [{math.prod(grid)}, C] for grid {grid}")
     doc: dict[str, Any] = {"indices": codes.to(torch.int32).cpu(), "coords": image_coords(grid)}

@@ -1,8 +1,7 @@
 """`load_visual_tokenizer(spec)`: the visual tokenizer a command names, by name.
 
     "builtin"   the built-in world's residual VQ (resolved in `lumina.data.world`)
-    "atoken"    the official AToken (`ATokenTokenizer.from_pretrained`: its package, config and checkpoint from
-                the options or $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH)
+    "atoken"    the official AToken (`ATokenTokenizer.from_pretrained`)
     DIR         a saved tokenizer directory, loaded by the "name" in its visual_tokenizer.json (`LOADERS`)
 """
 
@@ -26,8 +25,8 @@ LOADERS: dict[str, Any] = {
 def load_visual_tokenizer(spec: str | Path, device: str | None = None, atoken_config: str | None = None,
                           atoken_checkpoint: str | None = None, atoken_package: str | None = None
                           ) -> VisualTokenizer:
-    """spec -> the tokenizer (module docstring). device: where a tokenizer with a network runs (None / "auto":
-    its default; AToken's is CUDA, refused without it); the built-in one runs on the CPU."""
+    """spec -> the tokenizer (module docstring). device: where AToken runs (None / "auto": CUDA); the built-in
+    one runs on the CPU."""
     if str(spec) == BUILTIN:
         return world_visual_tokenizer()
     if str(spec) == ATOKEN:

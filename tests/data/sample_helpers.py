@@ -53,3 +53,8 @@ class Shell:
 
     def __reduce__(self):
         return os.system, (self.command,)
+
+
+def mix_items(mix) -> list[tuple[str, int]]:
+    """An `EpochMix`'s slots as (source name, index) pairs."""
+    return [(mix.names[k], i) for k, i in zip(mix.source.tolist(), mix.index.tolist(), strict=True)]

@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
-from sample_helpers import NEWLINE
+from sample_helpers import NEWLINE, mix_items
 from synthetic_source import SyntheticSource
 
 from lumina.data.datamodule import DataConfig, LuminaDataModule
@@ -181,7 +181,7 @@ def test_mixture_source_lengths_match_layout() -> None:
     src = MixtureSource(mixture, noise, seed=3)
     assert len(src) == 10
     for epoch in range(3):
-        items = mixture.epoch(epoch).items
+        items = mix_items(mixture.epoch(epoch))
         want = [len(layout_sample(mixture.sample(item), tokens, noise, 3, epoch)) for item in items]
         assert src.lengths(epoch).tolist() == want
         assert [src.sample_id(j) for j in range(10)] == [mixture.sample(item).id for item in items]

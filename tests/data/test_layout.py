@@ -4,8 +4,8 @@ import pytest
 import torch
 from sample_helpers import NEWLINE
 
-from lumina.data.layout import laid_out_length, layout_eval, layout_sample, sample_length
-from lumina.data.noise import NoiseConfig
+from lumina.data.layout import laid_out_length, layout_eval, layout_sample
+from lumina.data.noise import NoiseConfig, cfg_dropout
 from lumina.data.schema import Media, Sample, Text, Turn
 
 NO_CFG = NoiseConfig(block_length=4, uncond_text_prob=0.0, uncond_image_prob=0.0)
@@ -181,7 +181,8 @@ def test_editing_with_cfg_dropout(tokens, keys_of, random_codes, p_text, p_image
     seq = layout_sample(edit(src, out), tokens, cfg, seed=0, epoch=0)
     p = len(prompt)
     assert len(seq) == p + 8 == laid_out_length(edit(src, out), tokens, p_text == 1.0, p_image == 1.0)
-    assert sample_length(edit(src, out), tokens, cfg, seed=0, epoch=0) == p + 8  # same seeded CFG decisions
+    decisions = cfg_dropout(0, 0, edit(src, out).id, cfg)  # the seeded CFG decisions layout_sample took
+    assert laid_out_length(edit(src, out), tokens, *decisions) == p + 8
     for r, want in enumerate(prompt):
         if isinstance(want, str):
             assert torch.equal(seq.input_ids[r], src[int(want[1])]) and seq.type_ids[r] == 2

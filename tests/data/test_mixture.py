@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from sample_helpers import mix_items
 
 from lumina.data.mixture import MixturePlan, _seed
 
@@ -36,8 +37,8 @@ def test_realised_proportions_match_the_weights():
     plan = MixturePlan(SOURCES, WEIGHTS, seed=1, samples_per_epoch=N)
     for epoch in range(3):
         mix = plan.epoch(epoch)
-        assert len(mix.items) == N and sum(mix.counts.values()) == N
-        realised = Counter(name for name, _ in mix.items)
+        assert len(mix_items(mix)) == N and sum(mix.counts.values()) == N
+        realised = Counter(name for name, _ in mix_items(mix))
         for name, w in WEIGHTS.items():
             target = w / sum(WEIGHTS.values())
             assert mix.proportions[name] == realised[name] / N
@@ -48,9 +49,10 @@ def test_realised_proportions_match_the_weights():
 def test_deterministic_per_seed_and_different_per_epoch():
     plan = MixturePlan(SOURCES, WEIGHTS, seed=7, samples_per_epoch=500)
     again = MixturePlan(SOURCES, WEIGHTS, seed=7, samples_per_epoch=500)
-    assert plan.epoch(2).items == again.epoch(2).items
-    assert plan.epoch(2).items != plan.epoch(3).items
-    assert plan.epoch(2).items != MixturePlan(SOURCES, WEIGHTS, seed=8, samples_per_epoch=500).epoch(2).items
+    assert mix_items(plan.epoch(2)) == mix_items(again.epoch(2))
+    assert mix_items(plan.epoch(2)) != mix_items(plan.epoch(3))
+    other_seed = MixturePlan(SOURCES, WEIGHTS, seed=8, samples_per_epoch=500)
+    assert mix_items(plan.epoch(2)) != mix_items(other_seed.epoch(2))
 
 
 def test_indices_cover_a_source_before_repeating():
@@ -58,7 +60,7 @@ def test_indices_cover_a_source_before_repeating():
     appears floor(count / n) or ceil(count / n) times (e.g. 'c': ~4000 draws of 5 samples)."""
     mix = MixturePlan(SOURCES, WEIGHTS, seed=3, samples_per_epoch=N).epoch(0)
     for name, source in SOURCES.items():
-        seen = Counter(i for n, i in mix.items if n == name)
+        seen = Counter(i for n, i in mix_items(mix) if n == name)
         count = mix.counts[name]
         assert set(seen) <= set(range(len(source)))
         lo, hi = count // len(source), math.ceil(count / len(source))
@@ -96,7 +98,7 @@ def test_the_arrays_hold_the_slot_by_slot_draw(seed):
     for epoch in range(2):
         mix = plan.epoch(epoch)
         want = slot_by_slot(plan, epoch)
-        assert mix.items == want and [mix.item(j) for j in range(len(want))] == want
+        assert mix_items(mix) == want and [mix.item(j) for j in range(len(want))] == want
         assert plan.lengths(mix).tolist() == [[i, i + 1, i + 2, i + 3] for _, i in want]
 
 
@@ -105,21 +107,21 @@ def test_lengths_come_from_the_stored_columns():
     mix = plan.epoch(0)
     lengths = plan.lengths(mix)
     assert lengths.shape == (50, 4)
-    for (_, index), row in zip(mix.items, lengths, strict=True):
+    for (_, index), row in zip(mix_items(mix), lengths, strict=True):
         assert row.tolist() == [index, index + 1, index + 2, index + 3]
 
 
 def test_zero_weight_source_is_never_drawn():
     mix = MixturePlan(SOURCES, {"a": 1.0, "b": 0.0, "c": 1.0}, seed=0, samples_per_epoch=300).epoch(0)
     assert mix.counts["b"] == 0 and mix.proportions["b"] == 0.0
-    assert {name for name, _ in mix.items} == {"a", "c"}
+    assert {name for name, _ in mix_items(mix)} == {"a", "c"}
 
 
 def test_an_empty_zero_weight_source_gets_no_slots():
     plan = MixturePlan({"a": Sized(4), "e": Sized(0)}, {"a": 1.0, "e": 0.0}, seed=0, samples_per_epoch=6)
     mix = plan.epoch(0)
     assert mix.counts == {"a": 6, "e": 0} and sorted(plan.lengths(mix)[:, 0].tolist()) == sorted(
-        i for _, i in mix.items)
+        i for _, i in mix_items(mix))
 
 
 @pytest.mark.parametrize(("weights", "spe", "pattern"), [
@@ -139,7 +141,7 @@ def test_empty_source_with_weight_raises():
         MixturePlan({"a": Sized(3), "e": Sized(0)}, {"a": 1.0, "e": 1.0}, seed=0, samples_per_epoch=10)
 
 
-def test_flat_indices_address_the_concatenation(tokens):
+def test_concatenation_addresses_every_source(tokens):
     from sample_helpers import mixed_samples
 
     from lumina.data.mixture import ConcatSampleDataset
@@ -159,9 +161,10 @@ def test_flat_indices_address_the_concatenation(tokens):
     concat = ConcatSampleDataset(sources)
     assert len(concat) == 5 and concat.sample_ids()[3:] == ["yy-und-0", "yy-t2i-0"]
     assert concat.laid_out_lengths()[:, 0].tolist() == [7, 7, 8, 8, 8]
-    for (name, index), flat in zip(mix.items, plan.flat_indices(mix), strict=True):
-        assert concat.locate(int(flat)) == (name, index)
-        assert concat[int(flat)].id == sources[name][index].id
+    for name, index in mix_items(mix):
+        flat = {"x": 0, "yy": 3}[name] + index  # sources in order: x holds 3 samples
+        assert concat.locate(flat) == (name, index)
+        assert concat[flat].id == sources[name][index].id
     with pytest.raises(ValueError, match="codebook_size: found 64, expected 4096"):
         ConcatSampleDataset({"a": sources["x"], "b": InMemorySampleDataset(
             mixed_samples(c=8, high=64), tokens.replace(codebook_size=64), length)})

@@ -1,27 +1,22 @@
 """`ATokenTokenizer`: the released model's visual tokenizer, AToken, driven as the official InternLumina-U2 code
 drives it (8 codebooks of 4096 codes per 16 x 16 px patch; videos in temporal patches of 4 frames).
 
-AToken itself is not part of lumina: it is the `atoken_inference` package of the user's checkout of the official
-repository (on PYTHONPATH, or `package_path` = the checkout's root), with its config and checkpoint from
-`config` / `checkpoint` or the official environment variables ATOKEN_CONFIG_PATH / ATOKEN_MODEL_PATH. Without
-the package or the files `from_pretrained` raises one `ATokenUnavailable` naming everything missing.
+AToken is the `atoken_inference` package of the user's official checkout (on PYTHONPATH, or `package_path`),
+with config and checkpoint from the arguments or $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; without them
+`from_pretrained` raises one `ATokenUnavailable` naming everything missing.
 
 The calls and tensor conventions, with the official file each comes from:
     ATokenWrapper(config_path, model_path).cuda().to(torch.bfloat16).eval()    tools/tokenize_image.py
-        (here .to(device); device "cuda" by default, refused without CUDA unless set explicitly, e.g. "cpu")
     wrapper.image_video_to_sparse_tensor([image [H, W, 3] float in [-1, 1]])     tools/tokenize_image.py
     wrapper.image_video_to_sparse_tensor([frames [T, H, W, 3]]), T % 4 == 0      infer_video_sft.py
         -> a sparse tensor with .feats and .coords [batch, t, h, w, z]            atoken_inference/atoken_wrapper.py
-    wrapper.extract_encode(sparse) -> (indices [N, 8], coords [N, 5])             tools/tokenize_image.py
-        image coords: column 2 = row, 3 = column, row-major                        utils/media_token_io.py
-        video coords: [batch, t, x, y, z], x = width                               utils/media_token_io.py
+    wrapper.extract_encode(sparse) -> (indices [N, 8], coords [N, 5] as `lumina.data.token_files` reads them)
     wrapper.extract_decode(indices [N, 8], coords [N, 5] int32)                   infer_t2i_sft.py
         image coords written (0, 0, row, col, 0), row-major                        infer_t2i_sft.py
     atoken_inference.model.utils.sparse_to_img_list(decoded.cpu(), [4, 16, 16], task_types=["image"])[0]
         -> [1, 3, H, W] in [-1, 1]                                                 tools/tokenize_image.py
-Each image is encoded and decoded in its own call, as the official scripts do. Not confirmable without the
-weights: that `sparse_to_img_list(..., task_types=["video"])[0]` gives a video's frames [T, 3, H, W] (the
-image case's leading 1 being its one frame), used by `decode_video`.
+Each image is encoded and decoded in its own call, as the official scripts do. Unconfirmed without the
+weights: that `sparse_to_img_list(..., task_types=["video"])[0]` gives frames [T, 3, H, W] (`decode_video`).
 """
 
 from __future__ import annotations
@@ -77,8 +72,7 @@ class ATokenTokenizer:
     def from_pretrained(cls, config: str | None = None, checkpoint: str | None = None,
                         package_path: str | None = None, device: str | None = None,
                         image_size: int = DEFAULT_MAX_EDGE) -> ATokenTokenizer:
-        """The official wrapper on `device` (None: CUDA) in bf16, eval mode; config / checkpoint default to
-        $ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH."""
+        """The official wrapper on `device` (None: CUDA), bf16, eval mode (files: module docstring)."""
         config = config or os.environ.get(CONFIG_ENV)
         checkpoint = checkpoint or os.environ.get(MODEL_ENV)
         missing = []
@@ -113,7 +107,6 @@ class ATokenTokenizer:
     def device(self) -> torch.device:
         return next(self.wrapper.parameters()).device
 
-    # ---- encode ----
     def _extract(self, media: torch.Tensor, kind: str, grid: tuple[int, ...], where: str) -> torch.Tensor:
         """One image [H, W, 3] / video [T, H, W, 3] in [-1, 1] -> codes [N, 8] int64 in grid order."""
         with torch.inference_mode():
@@ -148,7 +141,6 @@ class ATokenTokenizer:
         grid = (frames.shape[0] // self.temporal_patch, h, w)
         return self._extract(frames.permute(0, 2, 3, 1), "video", grid, "frames"), grid
 
-    # ---- decode ----
     def _reconstruct(self, codes: torch.Tensor, coords: torch.Tensor, task: str) -> torch.Tensor:
         with torch.inference_mode():
             decoded = self.wrapper.extract_decode(codes.long().to(self.device), coords.to(self.device, torch.int32))
@@ -183,7 +175,6 @@ class ATokenTokenizer:
             raise ValueError(f"AToken sparse_to_img_list gave {list(frames.shape)}; expected {list(expected)}")
         return frames
 
-    # ---- files ----
     def save(self, directory: str | Path) -> Path:
         """visual_tokenizer.json only: it points at the official package, config and checkpoint (never copied)."""
         directory = Path(directory)

@@ -1,10 +1,8 @@
 """Built-in image tokenizer: a C-codebook residual vector quantiser over non-overlapping pixel patches.
 
-Stands in for AToken on CPU. An image [3, H, W] in [-1, 1] is cut into P x P patches (row-major grid
-h = H / P, w = W / P); each patch vector (3 * P * P values) is quantised greedily by C codebooks of K
-centroids, codebook c coding the residual left by codebooks 0..c-1. Codes are [h * w, C] ints in [0, K),
-the layout of an official token file's `indices`. Codebooks are fitted by seeded k-means (k-means++ init,
-Lloyd iterations) on the distinct patches of a set of images, weighted by how often each occurs.
+Stands in for AToken on CPU: each P x P patch vector of an image [3, H, W] in [-1, 1] is quantised greedily
+by C codebooks of K centroids, codebook c coding the residual of codebooks 0..c-1 -> codes [h * w, C] in
+[0, K). Codebooks are fitted by seeded weighted k-means (k-means++ init, Lloyd steps) on distinct patches.
 """
 
 from __future__ import annotations
@@ -67,21 +65,10 @@ class RVQImageTokenizer:
         if tuple(codebooks.shape) != expected:
             raise ValueError(f"codebooks has shape {list(codebooks.shape)}, expected {list(expected)} for {settings}")
         self.codebooks = codebooks.float().contiguous()
-        self.settings = settings
+        self.settings = settings  # frozen: its sizes are copied once
+        self.patch_size, self.num_codebooks = settings.patch_size, settings.num_codebooks
+        self.codebook_size = settings.codebook_size
 
-    @property
-    def patch_size(self) -> int:
-        return self.settings.patch_size
-
-    @property
-    def num_codebooks(self) -> int:
-        return self.settings.num_codebooks
-
-    @property
-    def codebook_size(self) -> int:
-        return self.settings.codebook_size
-
-    # ---- patches ----
     def _check_images(self, images: torch.Tensor) -> None:
         p = self.patch_size
         if images.dim() != 4 or images.shape[1] != 3 or images.shape[2] % p or images.shape[3] % p:
@@ -102,11 +89,8 @@ class RVQImageTokenizer:
         x = vectors.reshape(b, h, w, 3, p, p).permute(0, 3, 1, 4, 2, 5)
         return x.reshape(b, 3, h * p, w * p)
 
-    # ---- codes ----
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64.
-
-        Each distinct patch is quantised once (scene images repeat few patches), then scattered back."""
+        """images [B, 3, H, W] in [-1, 1] -> codes [B, (H/P) * (W/P), C] int64 (each distinct patch once)."""
         patches = self.patches(images)
         b, n, d = patches.shape
         distinct, inverse = torch.unique(patches.reshape(-1, d), dim=0, return_inverse=True)
@@ -131,13 +115,6 @@ class RVQImageTokenizer:
         images = self._unpatch(vectors, h, w).clamp(-1, 1)
         return images[0:1] if single else images
 
-    def reconstruction_mse(self, images: torch.Tensor) -> float:
-        """Mean squared error (in [-1, 1] units) of decode(encode(images)) against images."""
-        p = self.patch_size
-        recon = self.decode(self.encode(images), images.shape[2] // p, images.shape[3] // p)
-        return float(((recon - images.float()) ** 2).mean())
-
-    # ---- fitting ----
     @classmethod
     def fit(cls, images: torch.Tensor, settings: RVQSettings = DEFAULT_RVQ) -> RVQImageTokenizer:
         """Fit the C codebooks on images [B, 3, H, W] in [-1, 1], deterministically from settings.seed."""
@@ -158,7 +135,6 @@ class RVQImageTokenizer:
             books.append(book)
         return cls(torch.stack(books).float(), settings)
 
-    # ---- files ----
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,10 @@
     tokenizer, report = fit_rvq(train_images, heldout_images, RVQSettings(...), image_size, max_patches=200_000)
     tokenizer.save("tok/")            # tok/visual_tokenizer.json + tok/rvq.safetensors
 
-Fitting is seeded and deterministic: the patch vectors of the training images (a seeded sample of
-`max_patches` of them when there are more) go through `RVQImageTokenizer.fit_vectors` (k-means++ and Lloyd steps
-per codebook on the residuals). The report gives the reconstruction PSNR of decode(encode(x)) on the held-out
-images: 10 log10(2^2 / MSE) with pixels in [-1, 1] (the same as 10 log10(1 / MSE) in [0, 1]), MSE pooled over
-every held-out pixel. Images may have any size whose sides are multiples of the patch (the built-in tokenizer
-codes H x W grids); `image_size` is the long edge the fitting images were resized to. Videos are coded frame
-by frame (temporal patch 1: grid t = the number of frames).
+Fitting is seeded: the patch vectors of the training images (a seeded sample of `max_patches` when there are
+more) go through `RVQImageTokenizer.fit_vectors`; the report gives the PSNR of decode(encode(x)) on held-out
+images (`psnr`). `image_size` is the long edge the fitting images were resized to. Videos are coded frame by
+frame (grid t = the number of frames).
 """
 
 from __future__ import annotations
@@ -44,18 +41,8 @@ class RVQVisualTokenizer:
         if not isinstance(image_size, int) or image_size <= 0 or image_size % rvq.patch_size:
             raise ValueError(f"image_size={image_size!r}: must be a positive multiple of patch_size={rvq.patch_size}")
         self.rvq, self.image_size, self.report = rvq, image_size, dict(report or {})
-
-    @property
-    def num_codebooks(self) -> int:
-        return self.rvq.num_codebooks
-
-    @property
-    def codebook_size(self) -> int:
-        return self.rvq.codebook_size
-
-    @property
-    def patch_size(self) -> int:
-        return self.rvq.patch_size
+        self.num_codebooks, self.codebook_size = rvq.num_codebooks, rvq.codebook_size
+        self.patch_size = rvq.patch_size
 
     def encode(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, H, W] in [-1, 1] -> codes [B, h * w, C], grid (h, w) = (H / P, W / P)."""
@@ -92,8 +79,7 @@ class RVQVisualTokenizer:
 
 
 def patch_sample(images: list[torch.Tensor], patch_size: int, max_patches: int | None, seed: int) -> torch.Tensor:
-    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes); a seeded sample of `max_patches` when M is
-    larger."""
+    """Patch vectors [M, 3 * P * P] of images [3, H, W] (any sizes), at most a seeded `max_patches`."""
     probe = RVQImageTokenizer(torch.zeros(1, 1, 3 * patch_size**2), RVQSettings(patch_size, 1, 1))
     vectors = torch.cat([probe.patches(image[None])[0] for image in images])
     if max_patches is not None and vectors.shape[0] > max_patches:
@@ -104,9 +90,8 @@ def patch_sample(images: list[torch.Tensor], patch_size: int, max_patches: int |
 
 def fit_rvq(train: list[torch.Tensor], heldout: list[torch.Tensor], settings: RVQSettings, image_size: int,
             max_patches: int | None = None) -> tuple[RVQVisualTokenizer, dict[str, Any]]:
-    """Fit on train images [3, H, W] in [-1, 1] (any sizes, multiples of the patch) read at long edge
-    image_size; report {train_images, heldout_images, patches, heldout_psnr_db, train_psnr_db} (PSNR None
-    without images; MSE pooled over every pixel of every image)."""
+    """Fit on train images [3, H, W] in [-1, 1] read at long edge image_size; report {train_images,
+    heldout_images, patches, heldout_psnr_db, train_psnr_db} (PSNR over all pixels; None: no images)."""
     if not train:
         raise ValueError("no training images to fit the tokenizer on")
     vectors = patch_sample(train, settings.patch_size, max_patches, settings.seed)

@@ -14,15 +14,14 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from lumina.data.special_tokens import PLACEHOLDER_FIELDS, SpecialTokens
 
-# The official special tokens (contract section 7), plus pad/unk and the template's newline for the built-in
-# vocabulary. The built-in tokenizer gives them ids 0.. in this order (pad = 0, as in `LuminaConfig.tiny()`).
+# The official special tokens (contract section 7) + pad, unk and "\n": the built-in vocabulary's ids 0.. .
 NEWLINE = "\n"
 SPECIAL_TOKEN_STRINGS = (
     "<|pad|>", "<|unk|>", "<|mask|>", "<system>", "</system>", "<user>", "<uncondition>", "</user>",
     "<3D_CONTEXT>", "<IMG_CONTEXT>", "<VIDEO_CONTEXT>", "<answer>", "</answer>",
     "<BOI>", "<EOI>", "<BO3d>", "<EO3d>", "<BOV>", "<EOV>", NEWLINE,
 )
-PAD, UNK = "<|pad|>", "<|unk|>"
+UNK = "<|unk|>"
 # What a word-level vocabulary of an older lumina lacks (refused by `WordTokenizer.load`).
 VOCABULARY_CHANGE = "lumina's word vocabularies gained the prompt template's '\\n' token (id 19)"
 
@@ -37,8 +36,7 @@ class TextTokenizer(Protocol):
 
 
 class WordTokenizer:
-    """Whitespace word-level tokenizer over a closed vocabulary: ids 0..len(SPECIAL_TOKEN_STRINGS)-1 are the
-    special tokens, then `words` in the given order. "\n" is a token of its own (the template's newline), other
+    """Whitespace word-level tokenizer: SPECIAL_TOKEN_STRINGS then `words`; "\n" is a token of its own, other
     whitespace separates words. Unknown words raise (no silent <|unk|>)."""
 
     def __init__(self, words: Sequence[str]):
@@ -59,15 +57,6 @@ class WordTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return self.special_ids[PAD]
-
-    def token_to_id(self, token: str) -> int:
-        if token not in self._ids:
-            raise KeyError(f"token {token!r} is not in the vocabulary")
-        return self._ids[token]
 
     def encode(self, text: str) -> list[int]:
         ids = []
@@ -91,8 +80,7 @@ class WordTokenizer:
         return " ".join(words).replace(f" {NEWLINE} ", NEWLINE)
 
     def to_hf(self) -> Tokenizer:
-        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel, whitespace split, specials marked;
-        "\n" an added token, so it is split out before the whitespace split)."""
+        """The same tokenizer as an HF `tokenizers.Tokenizer` (WordLevel; "\n" an added token)."""
         tok = Tokenizer(WordLevel(vocab=dict(self._ids), unk_token=UNK))
         tok.pre_tokenizer = WhitespaceSplit()
         tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKEN_STRINGS
@@ -124,8 +112,7 @@ class WordTokenizer:
 
 
 class HFTokenizer:
-    """A real checkpoint's `tokenizer.json` through the `tokenizers` package. `encode` adds no special tokens;
-    `special_ids` holds the official special strings this vocabulary defines."""
+    """A checkpoint's `tokenizer.json`; `encode` adds no special tokens."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -144,12 +131,6 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def token_to_id(self, token: str) -> int:
-        i = self.tokenizer.token_to_id(token)
-        if i is None:
-            raise KeyError(f"token {token!r} is not in {self.path}")
-        return i
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -182,9 +163,8 @@ def newline_id(tokenizer: TextTokenizer) -> int:
 
 def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebooks: int,
                       image_vocab_size: int = 5010, **overrides: int) -> SpecialTokens:
-    """The `SpecialTokens` of a text tokenizer's vocabulary (image-marker ids keep their official values; the
-    media placeholders and "\n" are -1 where the vocabulary has none). `overrides` supply ids the vocabulary
-    lacks (e.g. pad=156892 for a checkpoint whose pad has another name)."""
+    """The `SpecialTokens` of a text tokenizer's vocabulary (image markers official, placeholders and "\n" -1
+    where it has none); `overrides` supply ids it lacks (e.g. pad=156892)."""
     ids = {}
     for field, string in SPECIAL_FIELD_STRINGS.items():
         if field in overrides:
@@ -201,9 +181,7 @@ def special_tokens_of(tokenizer: TextTokenizer, codebook_size: int, num_codebook
 
 
 def check_special_ids(tokenizer: TextTokenizer, tokens: SpecialTokens) -> None:
-    """Every special string the tokenizer defines must sit at the id the dataset records for it (another
-    model's tokenizer would mix its ids and the recorded ones in one dataset); ValueError names the token and
-    both ids."""
+    """Each special string the tokenizer defines must have the dataset's id; ValueError names both ids."""
     defined = tokenizer.special_ids
     for field, string in {**SPECIAL_FIELD_STRINGS, **TEMPLATE_FIELD_STRINGS}.items():
         if string in defined and defined[string] != getattr(tokens, field):

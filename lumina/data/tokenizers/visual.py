@@ -4,17 +4,9 @@ A visual tokenizer works on images of any aspect ratio, H x W px with H and W mu
     encode(pixels [B, 3, H, W] in [-1, 1])   -> codes [B, h * w, C] int64 in [0, K), grid (h, w) = (H/P, W/P)
     encode_video(frames [T, 3, H, W])        -> codes [t * h * w, C] (ordered t, y, x), grid (t, h, w)
     decode(codes [B, h * w, C] or [h * w, C], grid (h, w)) -> pixels [B, 3, h * P, w * P] in [-1, 1]
-`image_size` is the default long edge image files are resized to (`lumina.data.pixels`): for the built-in
-tokenizer the size it was fitted at, for AToken the official tool's 1024.
-Implementations: `RVQVisualTokenizer` (the built-in residual VQ, fitted on your images, CPU) and
-`ATokenTokenizer` (the official model's AToken, when its package and weights are present);
-`lumina.data.visual_tokenizers.load_visual_tokenizer` loads one by name.
-
-On disk a tokenizer is a directory holding `visual_tokenizer.json` ({"name", "version", ..., "weights"}) plus,
-for the built-in one, its weights file. A dataset built with
-a tokenizer saves a copy beside its shards and records `VisualTokenizerRecord` (name, version, C, K, patch,
-image size, path and the fingerprint of those files) in every shard's metadata, so that training, evaluation
-and generation find it, and notice when the files there were replaced.
+`image_size`: the default long edge of image files (the built-in one's fitting size, AToken's 1024). On disk
+a tokenizer is a directory holding `visual_tokenizer.json` (+ the built-in one's weights file); a dataset
+keeps a copy beside its shards and records its `VisualTokenizerRecord` in every shard.
 """
 
 from __future__ import annotations
@@ -48,8 +40,8 @@ class VisualTokenizer(Protocol):
 
 
 def check_pixels(pixels: torch.Tensor, patch_size: int, what: str) -> tuple[int, int]:
-    """The grid (H / P, W / P) of pixels [B, 3, H, W]; raises ValueError naming `what` unless H and W are positive
-    multiples of patch_size P."""
+    """The grid (H / P, W / P) of pixels [B, 3, H, W]; ValueError naming `what` unless H, W are positive
+    multiples of P."""
     p = patch_size
     if pixels.dim() != 4 or pixels.shape[1] != 3 or pixels.shape[2] < p or pixels.shape[3] < p or \
             pixels.shape[2] % p or pixels.shape[3] % p:
@@ -59,8 +51,7 @@ def check_pixels(pixels: torch.Tensor, patch_size: int, what: str) -> tuple[int,
 
 
 def directory_fingerprint(directory: str | Path) -> str:
-    """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and, when its "weights" is a file in
-    the directory, of that file: identical files, identical fingerprint."""
+    """sha256 (16 hex digits) of a saved tokenizer's visual_tokenizer.json and its "weights" file, if any."""
     digest = hashlib.sha256((Path(directory) / CONFIG_FILE).read_bytes())
     weights = Path(directory) / str(read_config(directory).get("weights", ""))
     if weights.is_file() and weights.parent.resolve() == Path(directory).resolve():
@@ -70,8 +61,7 @@ def directory_fingerprint(directory: str | Path) -> str:
 
 @dataclass(frozen=True)
 class VisualTokenizerRecord:
-    """What a dataset records of its visual tokenizer. `path`: the saved tokenizer directory (relative to the
-    shard's directory inside shard metadata, resolved when read); `fingerprint`: `directory_fingerprint` of it."""
+    """What a dataset records of its visual tokenizer; `path` is relative to the shard inside its metadata."""
 
     name: str
     version: int

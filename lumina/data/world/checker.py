@@ -1,11 +1,8 @@
 """Deterministic ground-truth checker: classify a scene image's colour, shape, size and position from pixels.
 
-Used to score generated images: `check_image(pixels, spec)` is the fraction of the four attributes
-(colour, shape, size, position) that the pixels show correctly; 1.0 means the image is right.
-
-Method: foreground = pixels brighter than mid-grey in any channel; colour = the palette corner nearest the
-foreground's mean RGB; position = the grid cell nearest the foreground's bounding-box centre; shape and size =
-the (shape, size) template, drawn at that centre (+-1 px), with the highest IoU against the foreground.
+`check_image(pixels, spec)` scores a generated image: the fraction of the four attributes it shows correctly.
+Foreground: pixels brighter than mid-grey; colour: the palette corner nearest its mean RGB; position: the
+cell nearest its bounding-box centre; shape and size: the template (at that centre +-1 px) of highest IoU.
 """
 
 from __future__ import annotations

@@ -5,11 +5,8 @@
     world.items[i]          # its WorldItem: texts and the ground-truth specs of its images
     world.tokens            # the SpecialTokens of the built-in tokenizers (pad = 0, C = 4, K = 64 by default)
 
-A sample is [system: the world's short prompt of its task kind (`WORLD_SYSTEM_PROMPTS`), user, assistant],
-laid out by the official template (a source image on its own line, "\n", then the text).
-
-The image tokenizer is fitted on the train split's scenes (every combination, every jitter) and cached under
-`cache_dir` (default $LUMINA_CACHE or ~/.cache/lumina) in a file named by its settings.
+A sample is [system (`WORLD_SYSTEM_PROMPTS`), user, assistant]. The image tokenizer is fitted on the train
+scenes and cached under `cache_dir` (default $LUMINA_CACHE or ~/.cache/lumina), named by its settings.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ def world_text_tokenizer() -> WordTokenizer:
 
 
 def world_assets(cache_dir: str | Path | None = None) -> DatasetAssets:
-    """The world's text tokenizer saved as a tokenizer.json in the cache, as the assets a run's HF export copies
-    (so `lumina-generate` can tell a world checkpoint of this vocabulary from an older one)."""
+    """The world's text tokenizer saved as a tokenizer.json in the cache (the assets an HF export copies)."""
     tokenizer = world_text_tokenizer()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     digest = hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest()[:12]
@@ -105,8 +101,7 @@ def world_visual_tokenizer() -> RVQVisualTokenizer:
 
 
 def round_trip_report(tokenizer: RVQImageTokenizer, split: str = "val") -> dict[str, float]:
-    """Reconstruction MSE (in [-1, 1] units) and checker pass rate of encode -> decode over every scene of
-    `split` at every jitter."""
+    """MSE ([-1, 1] units) and checker pass rate of decode(encode(x)) over every scene of `split`."""
     from lumina.data.world.checker import check_image
 
     shifts = range(-JITTER, JITTER + 1)

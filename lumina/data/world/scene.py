@@ -1,15 +1,13 @@
 """The procedural scene world: one coloured shape on a black 32x32 canvas.
 
-A scene is fully described by an `ObjectSpec` (shape, colour, size, position; plus a +-1 px jitter that
-varies the pixels but not the ground truth). `render` draws it as a [3, 32, 32] float image in [-1, 1].
-
-Splits are disjoint by scene *combination* (shape, colour, size, position): every one of the
-3 * 7 * 2 * 9 = 378 combinations belongs to exactly one of train / val / test (fixed 80/10/10 assignment),
-so a val/test image never shows a combination seen in training.
+A scene is an `ObjectSpec` (shape, colour, size, position, plus a +-1 px jitter that does not change the
+ground truth); `render` draws it as [3, 32, 32] in [-1, 1]. Each of the 3 * 7 * 2 * 9 = 378 combinations
+belongs to exactly one split (fixed 80/10/10), so val/test never show a combination seen in training.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass
@@ -60,11 +58,8 @@ class ObjectSpec:
         row, col = self.position.split()
         return COLS[col] + self.dx, ROWS[row] + self.dy
 
-    def with_(self, **changes: str) -> ObjectSpec:
-        fields = dict(shape=self.shape, colour=self.colour, size=self.size, position=self.position,
-                      dx=self.dx, dy=self.dy)
-        fields.update(changes)
-        return ObjectSpec(**fields)
+    def with_(self, **changes: str | int) -> ObjectSpec:
+        return dataclasses.replace(self, **changes)
 
 
 def shape_mask(shape: str, extent: int, cx: float, cy: float, size: int = IMAGE_SIZE) -> torch.Tensor:

@@ -1,12 +1,8 @@
 """The world's tasks as plain records (`WorldItem`): texts and scene specs, before any tokenisation.
 
-Tasks (user turn -> assistant turn):
-    caption  image + "describe the image ."           -> caption text
-    vqa      image + question                           -> short answer text
-    t2i      "draw <caption> ."                          -> image
-    edit     source image + instruction                  -> target image (one attribute changed)
-    text_qa  text question (addition, colour mixing, sides) -> answer text
-Image-bearing items only use scene combinations of their split; text QA items are split disjointly too.
+Tasks: caption (image -> caption), vqa (image + question -> answer), t2i (caption -> image), edit (image +
+instruction -> image with one attribute changed), text_qa (addition, colour mixing, sides). Items only use
+scene combinations and text questions of their split.
 """
 
 from __future__ import annotations
@@ -182,11 +178,8 @@ def world_words() -> list[str]:
             spec = ObjectSpec(*combo)
             texts += [caption(spec), f"draw {caption(spec)} ."]
             texts += [t for pair in questions(spec) for t in pair]
-    for shape in SHAPES:
-        texts.append(f"turn the shape into a {shape} .")
-    for position in POSITIONS:
-        texts.append(f"move the shape to the {position} .")
-    for value in (*COLOURS, *SIZES):
-        texts.append(f"make the shape {value} .")
+    texts += [f"turn the shape into a {shape} ." for shape in SHAPES]
+    texts += [f"move the shape to the {position} ." for position in POSITIONS]
+    texts += [f"make the shape {value} ." for value in (*COLOURS, *SIZES)]
     texts += [t for pair in all_text_qa() for t in pair]
     return sorted({w for t in texts for w in t.split()})
