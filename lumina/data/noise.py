@@ -130,6 +130,15 @@ def _variants(hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64, tex
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _pick_lengths(stored: np.ndarray, hashes: np.ndarray, text_key: np.uint64, image_key: np.uint64,
+                  text_prob: float, image_prob: float) -> np.ndarray:
+    out = np.empty(hashes.size, np.int32)
+    for i in range(hashes.size):
+        out[i] = stored[i, _variant(hashes[i], text_key, image_key, text_prob, image_prob)]
+    return out
+
+
 def _coin_keys(seed: int, epoch: int) -> tuple[np.uint64, np.uint64]:
     return np.uint64(stable_seed(seed, epoch, "cfg-text")), np.uint64(stable_seed(seed, epoch, "cfg-image"))
 
@@ -145,8 +154,8 @@ def dropout_lengths(stored: np.ndarray, hashes: np.ndarray, cfg: NoiseConfig, se
     """Stored lengths [N, 4], id hashes [N] -> [N] int32 lengths under `cfg_dropout(seed, epoch, id)`."""
     if stored.ndim != 2 or stored.shape != (hashes.size, 4):
         raise ValueError(f"stored lengths have shape {list(stored.shape)}, expected [{hashes.size}, 4]")
-    variant = _variants(hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob, cfg.uncond_image_prob)
-    return np.take_along_axis(stored, variant[:, None].astype(np.intp), axis=1)[:, 0].astype(np.int32)
+    return _pick_lengths(np.ascontiguousarray(stored), hashes, *_coin_keys(seed, epoch), cfg.uncond_text_prob,
+                         cfg.uncond_image_prob)
 
 
 def text_answer_noise(lengths: list[int], cfg: NoiseConfig, gen: torch.Generator,
