@@ -9,7 +9,9 @@ step finishes (`PackCursorCallback`, installed in `setup`), so prefetched but un
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,38 @@ log = logging.getLogger(__name__)
 PAD_TOKEN_ID = 156892  # official pad_token_id
 
 
+def _type_matches(value: Any, hint: Any) -> bool:
+    """Whether `value` has the annotated type `hint` (int, float, bool, str, None, list[...], dict[...] and their
+    unions; a bool is not an int, an int is a float; Any matches anything)."""
+    if hint is Any:
+        return True
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_type_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        return isinstance(value, list | tuple)
+    if origin is dict:
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+def check_field_types(config: Any, name: str) -> None:
+    """ValueError naming `name.field` and the value when a field of dataclass `config` does not have its
+    annotated type (e.g. `data.seq_len=abc` from the command line)."""
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if not _type_matches(value, hints[f.name]):
+            wanted = str(hints[f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise ValueError(f"{name}.{f.name}={value!r}: expected {wanted}")
+
+
 @dataclass
 class SourceSpec:
     """A mixture source: name, weight, `path` (Parquet shards; None: the built-in world), source `options`."""
@@ -35,6 +69,9 @@ class SourceSpec:
     weight: float = 1.0
     path: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_field_types(self, f"DataConfig.sources[{self.name!r}]")
 
 
 @dataclass
@@ -58,6 +95,7 @@ class DataConfig:
     samples_per_epoch: int | None = None  # mixture slots per epoch (several sources); None = their total size
 
     def __post_init__(self) -> None:
+        check_field_types(self, "DataConfig")
         if self.seq_len <= 0:
             raise ValueError(f"DataConfig.seq_len={self.seq_len}: must be positive")
         if self.num_workers < 0:
@@ -72,10 +110,21 @@ class DataConfig:
             raise ValueError(f"DataConfig.samples_per_epoch={self.samples_per_epoch}: must be positive or null")
         if not 0.0 <= self.val_noise_t <= 1.0:
             raise ValueError(f"DataConfig.val_noise_t={self.val_noise_t}: must lie in [0, 1]")
-        self.sources = [s if isinstance(s, SourceSpec) else SourceSpec(**s) for s in self.sources]
+        self.sources = [source_spec(s, i) for i, s in enumerate(self.sources)]
         for s in self.sources:
             if not s.weight > 0:
                 raise ValueError(f"DataConfig.sources[{s.name!r}].weight={s.weight}: must be positive")
+
+
+def source_spec(value: Any, index: int) -> SourceSpec:
+    """The `index`-th entry of DataConfig.sources as a SourceSpec (a mapping of its fields)."""
+    if isinstance(value, SourceSpec):
+        return value
+    known = {f.name for f in fields(SourceSpec)}
+    if not isinstance(value, dict) or "name" not in value or set(value) - known:
+        raise ValueError(f"DataConfig.sources[{index}]={value!r}: expected a mapping with a name and only the keys "
+                         f"{sorted(known)}")
+    return SourceSpec(**value)
 
 
 class PackCursorCallback(L.Callback):

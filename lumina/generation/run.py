@@ -238,8 +238,8 @@ def load_image(path: str, assets: GenerationAssets, max_edge: int = 0, no_upscal
     """An official token file (.pkl / .pt, read by `lumina.data.token_files`) or, with a visual tokenizer, an
     image file read like the training data was (`lumina.data.pixels`) and encoded -> Media. `path` may be a URL
     (`lumina.data.fs`)."""
-    if not is_file(path):
-        raise FileNotFoundError(f"image {path!r}: no such file")
+    if not is_file(path):  # a store that cannot be reached raises StoreError (an outage), naming the URL
+        raise FileNotFoundError(f"image {path!r} does not exist")
     if Path(path).suffix in TOKEN_SUFFIXES:
         tokens = assets.tokens
         found = read_token_file(path, "image", tokens.num_codebooks, tokens.codebook_size)

@@ -104,7 +104,8 @@ def test_trainer_requires_no_distributed_sampler() -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [("seq_len", 0), ("overlong", "truncate"), ("num_workers", -1),
-                                              ("val_noise_t", 1.5), ("num_codebooks", 0)])
+                                              ("val_noise_t", 1.5), ("num_codebooks", 0), ("seq_len", "abc"),
+                                              ("seq_len", 1.5), ("persistent_workers", "maybe"), ("noise", [1])])
 def test_config_rejects(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"DataConfig.{field}="):
         DataConfig(**{field: value})
