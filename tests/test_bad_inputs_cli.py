@@ -244,7 +244,7 @@ def results(good: Path, tmp_path_factory, request) -> dict[str, Result]:
         return Result(done.returncode, done.stdout, done.stderr, before, after)
 
     chosen = {item.callspec.params["case"].id for item in request.session.items
-              if hasattr(item, "callspec") and "case" in item.callspec.params}
+              if hasattr(item, "callspec") and isinstance(item.callspec.params.get("case"), Case)}
     cases = [case for case in CASES if case.id in chosen]  # those this session runs (-k)
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip([case.id for case in cases], pool.map(run, cases), strict=True))
