@@ -19,7 +19,7 @@ COMMON = ["experiment=debug", "trainer.limit_val_batches=0", "callbacks.checkpoi
           "callbacks.progress_bar=null", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
           "logger=csv", "callbacks.expert_usage=null", *small_data(num_samples=24)]
 # LuminaConfig fields added by the refactor: a pre-refactor checkpoint's hyper_parameters["model"] has none
-NEW_MODEL_KEYS = (*PART_KEYS, "attn_rule")
+NEW_MODEL_KEYS = PART_KEYS  # image_head, masking_schedule, attn_rule
 
 
 def test_a_checkpoint_saved_without_the_part_keys_resumes_on_the_official_parts_only(tmp_path):
