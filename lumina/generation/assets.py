@@ -112,12 +112,9 @@ def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaCo
     if spec == "none":
         return None
     if spec == "auto":
-        if (checkpoint / VISUAL_DIR).is_dir():
-            spec = str(checkpoint / VISUAL_DIR)
-        elif world:
-            return load_visual_tokenizer(BUILTIN)
-        else:
-            return None
+        if not (checkpoint / VISUAL_DIR).is_dir():
+            return load_visual_tokenizer(BUILTIN) if world else None
+        spec = str(checkpoint / VISUAL_DIR)
     visual = load_visual_tokenizer(spec, device=device)
     check_fits_model(visual, config.num_codebooks, config.codebook_size, f"image_tokenizer={spec}")
     return visual
