@@ -1,36 +1,14 @@
 """`lumina-data`: build and inspect sample shards, fit the built-in image tokenizer on your images.
 
-    lumina-data build MANIFEST.jsonl... --out DIR [--tokenizer tokenizer.json] [--special-tokens official|tokenizer]
-                      [--codebook-size K] [--num-codebooks C] [--on-error raise|skip] [--rows-per-shard N]
-                      [--image-tokenizer builtin|atoken|DIR] [--max-edge N] [--batch-size 64] [--workers 0]
-                      [--[no-]progress]
-    lumina-data build --imagefolder DIR --image-tokenizer builtin|atoken|DIR --out OUT [--tasks t2i,caption]
-                      [--val-fraction 0.1] [--split-seed 0] [--caption-prompt TEXT] [--tokenizer tokenizer.json]
-    lumina-data tokenize-images IMAGE_OR_DIR... --out DIR [--image-tokenizer atoken|builtin|DIR] [--max-edge N]
-    lumina-data fit-tokenizer IMAGE_OR_DIR... --out DIR [--codebooks 4] [--codebook-size 64] [--patch 4]
-                      [--image-size 32] [--heldout 0.1] [--seed 0] [--kmeans-iters 20] [--max-patches 200000]
-                      [--workers 0]
-    lumina-data world --out DIR [--split train] [--num-samples 2000] [--seed 0] [--codebook-size 64]
-                      [--num-codebooks 4] [--patch-size 4] [--cache-dir DIR]
-    lumina-data info SHARD_OR_DIR...
-
 `build` converts JSONL manifests (schema: `lumina.data.build`) or an image folder (`lumina.data.imagefolder`:
-OUT/train and OUT/val) to Parquet shards; image and video files are encoded by the visual tokenizer, which is
-saved beside the shards (OUT/visual_tokenizer/, with the text tokenizer as OUT/tokenizer.json) and recorded in
-them. Without --tokenizer an image folder's captions get a word-level vocabulary of their own words.
-`tokenize-images` writes one official token file per image (DIR/<stem>.pkl: indices, coords, image_width,
-image_height, as the official tools/tokenize_image.py), which the official inference scripts and lumina both
-read. Image files keep their aspect ratio: the long edge is resized to --max-edge (default: the tokenizer's
-image size; AToken's is 1024) and each side centre-cropped to a multiple of the patch. `--image-tokenizer
-atoken` drives the official AToken (options --atoken-config / --atoken-model / --atoken-package, else
-$ATOKEN_CONFIG_PATH / $ATOKEN_MODEL_PATH; --device, default CUDA). `fit-tokenizer` fits the built-in
-residual-VQ tokenizer on image files and reports its held-out PSNR; `world` writes the built-in dataset's shards plus its `tokenizer.json` and `image_tokenizer.safetensors`; `info` prints
-row counts, settings, recorded tokenizers and length statistics. Manifests and their parts may be URLs
-(`s3://bucket/prefix/train.jsonl`; `lumina.data.fs`). `build`, `world` and `fit-tokenizer` refuse a non-empty
---out unless --overwrite and write it whole or not at all (`lumina.data.outputs`); `tokenize-images` refuses an
-existing <stem>.pkl unless --resume, which keeps the valid ones. Bad input ends the process with one line
-`lumina-data: error: ...` on stderr and exit status 2; a store still failing after its retries, with one line
-naming the URL and status 1.
+OUT/train and OUT/val) to Parquet shards; image and video files are encoded by the visual tokenizer, saved
+beside the shards (OUT/visual_tokenizer/, the text tokenizer as OUT/tokenizer.json) and recorded in them.
+`tokenize-images` writes one official token file per image (DIR/<stem>.pkl, as the official
+tools/tokenize_image.py); images keep their aspect ratio (long edge to --max-edge, sides centre-cropped to a
+multiple of the patch). `--image-tokenizer atoken` drives the official AToken ($ATOKEN_CONFIG_PATH /
+$ATOKEN_MODEL_PATH unless given). Manifests may be URLs (`lumina.data.fs`). `build`, `world` and
+`fit-tokenizer` refuse a non-empty --out unless --overwrite and write it whole or not at all. Bad input ends
+with one line `lumina-data: error: ...` and exit status 2; a store still failing after its retries, status 1.
 """
 
 from __future__ import annotations
@@ -134,10 +112,8 @@ def _build_into(args: argparse.Namespace, out: Path) -> dict:
     common = dict(tokens=tokens, tokenizer=tokenizer, on_error=args.on_error, rows_per_shard=args.rows_per_shard,
                   source=args.source, pixels=pixels, assets=assets)
     if args.imagefolder:
-        reports = {split: build_rows(split_rows_, out / split, **common) for split, split_rows_ in splits.items()}
-    else:
-        reports = {"": build_shards(args.manifests, out, **common)}
-    return reports
+        return {split: build_rows(split_rows_, out / split, **common) for split, split_rows_ in splits.items()}
+    return {"": build_shards(args.manifests, out, **common)}
 
 
 def _visual(args: argparse.Namespace):

@@ -36,8 +36,7 @@ def config_errors() -> tuple[type[BaseException], ...]:
 
 
 def outage_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean "a service failed" (one line, exit status 1): a data-store read that still
-    failed after its retry budget (its line names the URL), the participation check of a multi-process job."""
+    """Exception types that mean "a service failed" (one line, exit status 1)."""
     from lumina.data.fs import StoreError
     from lumina.distributed.participation import ParticipationError
 
@@ -61,9 +60,8 @@ def extra_of(module: str) -> str | None:
 
 
 def as_reported(error: BaseException) -> BaseException | None:
-    """`error` as the CLI reports it, or None when it is not a reported kind (a bug: its traceback shows). An
-    ImportError is reported only when it names the `pip install` to run, or the module missing is one of
-    lumina's optional extras (then the line names that extra)."""
+    """`error` as the CLI reports it, or None for a bug (its traceback shows). An ImportError is reported only
+    when it names a `pip install` or its module is one of lumina's optional extras (then the line names it)."""
     if not isinstance(error, ImportError) or isinstance(error, MissingExtra):
         return error if isinstance(error, reported_errors()) else None
     if "pip install" in str(error):
@@ -113,10 +111,9 @@ def full_traceback_wanted() -> bool:
 
 def hydra_main(prog: str, config_name: str, job: Callable[[Any], None],
                before_report: Callable[[], bool] = lambda: True) -> None:
-    """Run `job(cfg)` on the composed `conf/<config_name>.yaml` (and command-line overrides) as a Hydra app.
-    Reported errors of composition or of the job (one per job in a multirun) end the process after the last
-    job with one line each and `exit_status`; `before_report` runs first and says whether this process prints
-    them (a multi-process job prints on rank 0 only)."""
+    """Run `job(cfg)` on the composed `conf/<config_name>.yaml` as a Hydra app. Reported errors (one per job
+    of a multirun) end the process after the last job, one line each; `before_report` says whether this
+    process prints them."""
     import hydra
 
     failures: list[BaseException] = []

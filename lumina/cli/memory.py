@@ -24,11 +24,9 @@ def memory_budget_gib(cfg: Any) -> float | None:
 
 
 def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
-    """The estimate of a composed lumina-train config: model (with its `model.freeze` globs), data.seq_len,
-    trainer.precision, AdamW, and strategy.parallel (shard / ep sizes) when the strategy has one. Under sequence
-    parallelism a rank holds seq_len / sp rows of the pack, and attention's heads / sp over all of them cost
-    what all heads over its own rows would, so the estimate is that of a pack of seq_len / sp rows."""
-    from lumina.training.build import plain
+    """The estimate of a composed lumina-train config (model, data.seq_len, trainer.precision, AdamW,
+    strategy.parallel). Under sequence parallelism it is that of a pack of seq_len / sp rows (heads / sp over
+    all rows cost what all heads over a rank's own rows would)."""
     config = model_config(cfg)
     seq_len = cfg.data.seq_len
     pack = plain(cfg.get("memory_pack")) or {}

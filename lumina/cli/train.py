@@ -1,13 +1,7 @@
-"""`lumina-train`: the Hydra entry point (also `python -m lumina.train`).
-
-Configuration mistakes end the process with one line on stderr and exit status 2; set HYDRA_FULL_ERROR=1
-for the full traceback instead. In a multi-process job every rank exits with that status, the line comes
-from rank 0 only (the configuration is the same on every rank), and the process group is shut down first,
-so no rank aborts at interpreter exit; a failed participation check, and a data-store read that failed after
-its retries (`lumina.data.fs.StoreError`), are reported the same way (status 1). `estimate_memory=true` prints the
-step-memory estimate of the composed config instead of training (`lumina.cli.memory.report_memory`): exit status 0,
-or 2 with one error
-line when it exceeds `memory_budget_gib`."""
+"""`lumina-train`: the Hydra entry point (also `python -m lumina.train`). Errors are reported as
+`lumina.cli.errors` states; in a multi-process job every rank exits with the status, rank 0 prints the line,
+and the process group is shut down first. `estimate_memory=true` prints the step-memory estimate instead of
+training (`lumina.cli.memory.report_memory`)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from lumina.model.dtypes import float_dtype
+from lumina.model.supervision import int_at_least
 
 # keys that went away, and what to use instead
 REMOVED = {
@@ -53,9 +54,9 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for name in ("replicate", "ep", "sp"):
-            _positive_int(name, getattr(self, name))
+            int_at_least(f"ParallelConfig.{name}", getattr(self, name), 1)
         if self.shard != "auto":
-            _positive_int("shard", self.shard)
+            int_at_least("ParallelConfig.shard", self.shard, 1)
         if self.param_dtype is not None:
             float_dtype("ParallelConfig.param_dtype", self.param_dtype)
         float_dtype("ParallelConfig.reduce_dtype", self.reduce_dtype)
@@ -95,8 +96,3 @@ class ResolvedSizes:
     def dp(self) -> int:
         """Data-parallel size: ranks that train different packs."""
         return self.world_size // self.sp
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"ParallelConfig.{name}={value!r}: must be an integer >= 1")

@@ -63,10 +63,9 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, im
                 device: str | None = None) -> GenerationAssets:
     """tokenizer: "world" (the built-in world tokenizers), a tokenizer.json path, or "auto" (the checkpoint's
     tokenizer.json; the built-in world's when it holds the world's vocabulary; a checkpoint without one is
-    refused). image_tokenizer: "auto" (the checkpoint's
-    visual_tokenizer/ when it has one, else the built-in world's with tokenizer=world, else none), "none",
-    "builtin", "atoken" or a saved tokenizer directory; its codebooks must be the model's. device: where the
-    visual tokenizer runs (None / "auto": its default; AToken's is CUDA)."""
+    refused). image_tokenizer: "auto" (the checkpoint's visual_tokenizer/, else the built-in world's with
+    tokenizer=world, else none), "none", "builtin", "atoken" or a saved tokenizer directory; its codebooks must
+    be the model's. device: where the visual tokenizer runs (None / "auto": its default; AToken's is CUDA)."""
     directory = Path(checkpoint)
     if tokenizer == "auto":
         if not (directory / "tokenizer.json").is_file():
@@ -113,12 +112,9 @@ def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaCo
     if spec == "none":
         return None
     if spec == "auto":
-        if (checkpoint / VISUAL_DIR).is_dir():
-            spec = str(checkpoint / VISUAL_DIR)
-        elif world:
-            return load_visual_tokenizer(BUILTIN)
-        else:
-            return None
+        if not (checkpoint / VISUAL_DIR).is_dir():
+            return load_visual_tokenizer(BUILTIN) if world else None
+        spec = str(checkpoint / VISUAL_DIR)
     visual = load_visual_tokenizer(spec, device=device)
     check_fits_model(visual, config.num_codebooks, config.codebook_size, f"image_tokenizer={spec}")
     return visual

@@ -35,7 +35,7 @@ from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective
 from lumina.objective.held_out import HeldOutLoss
 
-TEXT_TASKS, IMAGE_TASKS = ("understand", "text"), ("t2i", "edit")
+TEXT_TASKS = ("understand", "text")
 LABEL_HEIGHT = 12  # px of prompt text above each grid row
 
 

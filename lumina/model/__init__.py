@@ -9,14 +9,6 @@ from lumina.model.output import LuminaOutput
 from lumina.model.routers import ROUTERS, MoERouter, PackRows, SigmoidRouter
 
 __all__ = [
-    "GroupedExperts",
-    "LocalDispatcher",
-    "LuminaConfig",
-    "LuminaModel",
-    "LuminaOutput",
-    "MoE",
-    "MoERouter",
-    "PackRows",
-    "ROUTERS",
-    "SigmoidRouter",
+    "GroupedExperts", "LocalDispatcher", "LuminaConfig", "LuminaModel", "LuminaOutput", "MoE", "MoERouter",
+    "PackRows", "ROUTERS", "SigmoidRouter",
 ]

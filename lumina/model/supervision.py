@@ -79,9 +79,10 @@ def is_image_code_row(type_ids: torch.Tensor) -> torch.Tensor:
     return (type_ids == IMAGE_CODE_TYPES[0]) | (type_ids == IMAGE_CODE_TYPES[1])
 
 
-def _count(name: str, value: object, low: int) -> int:
+def int_at_least(name: str, value: object, low: int) -> int:
+    """`value` when it is an int >= low (not a bool), else ValueError naming `name` and the value."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"PackRows.{name}={value!r}: must be an integer >= {low}")
+        raise ValueError(f"{name}={value!r}: must be an integer >= {low}")
     return value
 
 
@@ -104,9 +105,9 @@ class PackRows:
 
     def __post_init__(self) -> None:
         for name in ("positions", "segment_len"):
-            _count(name, getattr(self, name), 1)
+            int_at_least(f"PackRows.{name}", getattr(self, name), 1)
         for name in ("text", "image", "image_inputs"):
-            _count(name, getattr(self, name), 0)
+            int_at_least(f"PackRows.{name}", getattr(self, name), 0)
         if self.text + self.image > self.positions or self.image_inputs > self.positions:
             raise ValueError(f"PackRows: text {self.text} + image {self.image} rows, image inputs "
                              f"{self.image_inputs}: more rows than positions={self.positions}")
@@ -126,14 +127,13 @@ class PackRows:
                image_input_rows: float = 1.0, segment_len: int = 2048) -> PackRows:
         """Rows from fractions of seq_len (conf/train.yaml's memory_pack; image inputs at least the
         supervised image rows, segment_len at most seq_len)."""
-        _count("positions", seq_len, 1)
+        int_at_least("PackRows.positions", seq_len, 1)
         text = _fraction("memory_pack.text_rows", text_rows)
         image = _fraction("memory_pack.image_rows", image_rows)
         inputs = _fraction("memory_pack.image_input_rows", image_input_rows)
         if text + image > 1.0:
             raise ValueError(f"memory_pack.text_rows={text} + memory_pack.image_rows={image}: a row is one or "
                              "the other, so at most 1 together")
-        if isinstance(segment_len, bool) or not isinstance(segment_len, int) or segment_len < 1:
-            raise ValueError(f"memory_pack.segment_len={segment_len!r}: must be an integer >= 1")
+        int_at_least("memory_pack.segment_len", segment_len, 1)
         return cls(seq_len, round(text * seq_len), round(image * seq_len), round(max(inputs, image) * seq_len),
                    min(segment_len, seq_len))

@@ -8,14 +8,10 @@ import sys
 import torch
 
 
-def peak_rss_gib() -> float:
-    """Peak resident set size of this process since it started (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
-
-
 def peak_memory_gib(device: torch.device) -> float:
-    """CUDA: the caching allocator's peak allocated bytes on `device`; any other device: the peak RSS."""
+    """CUDA: the caching allocator's peak allocated bytes on `device`; any other device: the process's peak
+    resident set size (ru_maxrss: KiB on Linux, bytes on macOS)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    return peak_rss_gib()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20

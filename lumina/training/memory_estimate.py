@@ -1,9 +1,6 @@
 """`estimate_step_memory`: the memory one training step needs, from a `LuminaConfig` and a sequence length,
 without building anything (`lumina-train estimate_memory=true [memory_budget_gib=20]`).
 
-    estimate = estimate_step_memory(config, seq_len=16384, policy="selective")
-    estimate.peak, estimate.fits(20.0), print(estimate.table())
-
 Parts (bytes per rank): parameters (of the model built on meta); gradients and AdamW's two optimizer_states
 per trainable parameter (`mark_trainable`), in the parameter dtype; activations (what autograd keeps for
 backward under the checkpointing policy, plus one recompute); head_losses (`head_loss_bytes`,
@@ -17,8 +14,6 @@ Policies (`LuminaConfig.gradient_checkpointing`): none keeps every layer's activ
 input [S, H] and routing tape (top-k ids); selective the attention blocks and each FFN sub-block's input and
 tape. Under full / selective one recomputed unit holds its activations and as many bytes of their gradients
 ("recompute" counts it twice), and the channel head is checkpointed in `CHANNEL_CHECKPOINT_ROWS`-row chunks.
-
-Checked against experiments/bench/step_memory.py: within about 10% where activations dominate, else high.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from lumina.model.image_heads import ImageHead, build_image_head, image_head_cla
 from lumina.model.linear_ce import auto_chunk_rows
 from lumina.model.lumina_model import LuminaModel
 from lumina.model.params import ParameterCounts, parameter_counts
-from lumina.model.supervision import PackRows
+from lumina.model.supervision import PackRows, int_at_least
 from lumina.training.trainable import mark_trainable
 
 FP32, INT64 = 4, 8
@@ -44,12 +39,6 @@ _CHANNEL_HEAD_BYTES: dict[tuple[str, int], int] = {}  # by (repr(config), activa
 GIB = 2**30
 OPTIMIZERS = {"adamw": 2, "sgd": 0}  # states per parameter
 PACK_KEYS = ("text_rows", "image_rows", "image_input_rows", "segment_len")  # conf/train.yaml's memory_pack
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-    return value
 
 
 @dataclass(frozen=True)
@@ -288,14 +277,14 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
     config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state)."""
     from lumina.attention import resolve_backend
 
-    _positive_int("seq_len", seq_len)
+    int_at_least("seq_len", seq_len, 1)
     policy = checkpoint_policy(config.gradient_checkpointing if policy is None else policy, "policy")
     rows = rows or PackRows.assume(seq_len)
     precision = precision or Precision()
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r}: must be one of {tuple(OPTIMIZERS)}")
-    _positive_int("shard", shard)
-    _positive_int("ep", ep)
+    int_at_least("shard", shard, 1)
+    int_at_least("ep", ep, 1)
     if shard % ep:
         raise ValueError(f"ep={ep}: must divide shard={shard}")
     experts_per_rank(config.num_experts, ep)

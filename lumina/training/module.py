@@ -262,25 +262,10 @@ def device_rng(device: torch.device) -> DeviceRNG | None:
                      functools.partial(torch.cuda.set_rng_state, device=device))
 
 
-def record_device_rng(state: dict[str, Any], rng: DeviceRNG | None) -> None:
-    """Add the device generator's state to an RNG record under "cuda"."""
-    if rng is not None:
-        state["cuda"] = rng.get()
-
-
-def restore_device_rng(state: dict[str, Any], rng: DeviceRNG | None) -> None:
-    """Restore the device generator from an RNG record (a record without one, saved on CPU or before lumina
-    recorded it, leaves that generator as it is)."""
-    if rng is not None and "cuda" in state:
-        rng.set(state["cuda"])
-
-
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """The record of every generator training draws from: torch's CPU generator, the generator of `device`
-    when it is a CUDA device (`device_rng`), numpy's and Python's.
-    It holds tensors and plain Python values only, so `torch.load(weights_only=True)` reads it.
-    `LuminaModule` restores it at the first resumed batch, because creating the DataLoader's iterator after
-    the load draws from these generators too."""
+    """The record of every generator training draws from (torch's CPU one, `device_rng(device)`, numpy's,
+    Python's), in tensors and plain values (`torch.load(weights_only=True)` reads it). `LuminaModule` restores
+    it at the first resumed batch: creating the DataLoader's iterator after the load draws from them too."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -288,7 +273,9 @@ def rng_state(device: torch.device) -> dict[str, Any]:
                   "has_gauss": int(has_gauss), "gauss": float(gauss)},
         "python": random.getstate(),
     }
-    record_device_rng(state, device_rng(device))
+    rng = device_rng(device)
+    if rng is not None:
+        state["cuda"] = rng.get()
     return state
 
 
@@ -298,7 +285,9 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     random.setstate(state["python"])
-    restore_device_rng(state, device_rng(device))
+    rng = device_rng(device)
+    if rng is not None and "cuda" in state:  # a record saved on CPU has none
+        rng.set(state["cuda"])
 
 
 def _plain(config: Any) -> dict[str, Any]:
