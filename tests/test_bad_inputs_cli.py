@@ -22,6 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent / "data"))  # the loopback S3 server the store tests use
+from s3_server import S3Server  # noqa: E402
+
 PROMPT = "draw a large red circle at the top left ."
 COMMANDS = {  # what each console script runs (pyproject's [project.scripts])
     "lumina-generate": "from lumina.cli.generate import main; main()",
@@ -274,8 +277,6 @@ def test_the_good_inputs_run(good: Path, tmp_path: Path) -> None:
 def test_a_missing_image_on_a_live_store_is_missing_not_an_outage(good: Path, tmp_path: Path) -> None:
     """Through the real S3 API (moto on loopback, as tests/data's store tests): an image object that is not there
     is a bad input (status 2) naming the URL, not an outage."""
-    from data.s3_server import S3Server
-
     shutil.copytree(good, tmp_path / "in")
     before = digests(tmp_path / "in")
     server = S3Server()

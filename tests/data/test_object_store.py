@@ -249,5 +249,5 @@ def test_generation_reads_its_input_image_from_the_store(media):
     for name in ("tok/b.pkl", "img/a.png"):
         remote, here = load_image(f"{url}/{name}", assets), load_image(str(local / name), assets)
         assert torch.equal(remote.codes, here.codes) and remote.grid == here.grid
-    with pytest.raises(FileNotFoundError, match=f"image '{url}/img/absent.png': no such file"):
+    with pytest.raises(FileNotFoundError, match=f"image '{url}/img/absent.png' does not exist"):
         load_image(f"{url}/img/absent.png", assets)
