@@ -38,9 +38,10 @@ def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_peft_adapter(model: nn.Module, directory: str | Path) -> Path:
-    """Write `model`'s LoRA adapter to `directory` in PEFT's format; refuses to overwrite an adapter there.
-    All adapted modules must share one rank, alpha and dropout (PEFT's one `r` / `lora_alpha`)."""
+def save_peft_adapter(model: nn.Module, directory: str | Path, overwrite: bool = False) -> Path:
+    """Write `model`'s LoRA adapter to `directory` in PEFT's format; an adapter already there is refused, or
+    replaced with overwrite=True. All adapted modules share one rank, alpha and dropout (PEFT's one `r` and
+    `lora_alpha`)."""
     modules = lora_modules(model)
     if not modules:
         raise ValueError("save_peft_adapter: the model has no LoRA adapter")
@@ -50,7 +51,7 @@ def save_peft_adapter(model: nn.Module, directory: str | Path) -> Path:
     (rank, alpha, dropout), = settings
     directory = Path(directory)
     for file in (CONFIG_FILE, WEIGHTS_FILE):
-        if (directory / file).exists():
+        if (directory / file).exists() and not overwrite:
             raise FileExistsError(f"{str(directory / file)!r} exists; refusing to overwrite an adapter")
     tensors = adapter_tensors(model)
     targets = sorted({_KEY_RE.match(key).group(1) for key in tensors})
