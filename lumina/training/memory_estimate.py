@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lumina.adapters import Adapter
 from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.dtypes import float_dtype, float_dtype_of_size
@@ -269,12 +270,14 @@ class MemoryEstimate:
 def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool | None = None,
                          rows: PackRows | None = None, precision: Precision | None = None,
                          optimizer: str = "adamw", shard: int = 1, ep: int = 1,
-                         attn_backend: str | None = None, freeze: Sequence[str] = ()) -> MemoryEstimate:
+                         attn_backend: str | None = None, freeze: Sequence[str] = (),
+                         adapter: Adapter | None = None) -> MemoryEstimate:
     """The memory of one step of `config` on packs of `seq_len` tokens (B = 1) on one rank.
 
     policy: None = config.gradient_checkpointing; rows: None = `PackRows.assume(seq_len)`; optimizer: "adamw"
     or "sgd"; shard: FSDP shard size (experts split over ep, sharded over shard // ep); attn_backend: None =
-    config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state)."""
+    config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state); adapter: applied to
+    the meta model first (its parameters counted; with a frozen base only they get gradients and states)."""
     from lumina.attention import resolve_backend
 
     int_at_least("seq_len", seq_len, 1)
@@ -295,8 +298,10 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
     a = precision.activation_bytes
     with torch.device("meta"):
         model = LuminaModel(config)
+    adapter_params = adapter.apply(model) if adapter is not None else []
     counts = parameter_counts(model)
-    trainable = sum(p.numel() for p in mark_trainable(model, freeze).values())
+    only = adapter_params if adapter is not None and adapter.freezes_base else None
+    trainable = sum(p.numel() for p in mark_trainable(model, freeze, only).values())
     per_rank = -(-counts.total // shard)
     param_bytes = per_rank * precision.param_bytes
     grad_bytes = -(-trainable // shard) * precision.param_bytes

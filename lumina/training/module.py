@@ -263,7 +263,7 @@ def build_adapter(config: dict[str, Any]) -> Adapter:
     """The adapter part config {"name": NAME, **options} names (`lumina.adapters.ADAPTERS`); a bad name or
     option is a ValueError naming the field."""
     options = dict(config)
-    name = options.pop("name", None)
+    name = options.pop("name", "none")
     cls = ADAPTERS.get(name, "adapter.name")
     try:
         return cls(**options)

@@ -216,3 +216,16 @@ def test_bad_settings_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"'\*\.attention\.qkv' matches no module"):
         LoRA(rank=RANK, targets=["*.attention.qkv"]).apply(base_model())
     LoRA(rank=RANK, dropout=0.1, targets=["*.attention.dense"]).apply(base_model())  # dropout on Linear is fine
+
+
+def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
+    from lumina.training.memory_estimate import estimate_step_memory
+
+    config = LuminaConfig.tiny()
+    full = estimate_step_memory(config, 256)
+    lora = estimate_step_memory(config, 256, adapter=LoRA(rank=RANK, alpha=ALPHA))
+    adapter_count = analytic_adapter_bytes(config, RANK, 1)
+    assert lora.parameter_count == full.parameter_count + adapter_count
+    assert lora.trainable_count == adapter_count
+    assert lora.gradients == adapter_count * 4 and lora.optimizer_states == 2 * adapter_count * 4
+    assert full.trainable_count == full.parameter_count
