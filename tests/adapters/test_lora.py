@@ -92,9 +92,11 @@ def test_zero_initialised_b_gives_the_base_logits():
     assert not torch.allclose(moved, text, atol=1e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_expert_lora_equals_a_per_expert_loop_with_gradients(dtype):
-    """`lora_swiglu` on the grouped GEMM path against a plain per-expert computation with dense B_e A_e."""
+@pytest.mark.parametrize(("dtype", "backend"), [(torch.float32, "grouped_mm"), (torch.bfloat16, "grouped_mm"),
+                                               (torch.float32, "loop")])
+def test_grouped_expert_lora_equals_a_per_expert_loop_with_gradients(dtype, backend):
+    """`lora_swiglu` (grouped GEMM path, or its matmul-per-expert form) against a plain per-expert
+    computation with dense B_e A_e."""
     g = torch.Generator().manual_seed(0)
     experts, hidden, inter, rank, scale = 4, 32, 16, 8, 2.0
     counts = torch.tensor([5, 0, 7, 4])
@@ -106,7 +108,7 @@ def test_grouped_expert_lora_equals_a_per_expert_loop_with_gradients(dtype):
     lora_b = tuple((torch.randn(s, generator=g) * 0.1).to(dtype).requires_grad_() for s in
                    [(experts, inter, rank), (experts, inter, rank), (experts, hidden, rank)])
     assert all(grouped_mm_supported(rows, w) for w in (*base, *lora_a, *lora_b))  # the fused path runs
-    y = lora_swiglu(rows, base, lora_a, lora_b, scale, counts, "grouped_mm")
+    y = lora_swiglu(rows, base, lora_a, lora_b, scale, counts, backend)
     leaves = (rows, *lora_a, *lora_b)
     grads = torch.autograd.grad(y.float().square().sum(), leaves)
 

@@ -102,3 +102,17 @@ def test_the_export_is_the_merged_model_and_the_peft_adapter(lora_run, tmp_path)
     assert lora_modules(base)
     adapted_text, adapted_image = logits(base)
     assert torch.equal(adapted_text, text) and torch.equal(adapted_image, image)
+
+
+def test_config_errors_name_the_field():
+    from lumina.training import build
+
+    cfg = compose_train(["adapter=lora", "objective.balance.bias_update=true"])
+    with pytest.raises(ValueError, match=r"adapter.name='lora' freezes the base.*objective.balance.bias_update=false"):
+        build.module(cfg)
+    with pytest.raises(ValueError, match=r"adapter.name='lorra': no adapter of that name; choose one of lora, none"):
+        build.module(compose_train(["adapter.name=lorra"]))
+    with pytest.raises(ValueError, match=r"adapter.rank=0"):
+        build.module(compose_train(["adapter=lora", "adapter.rank=0"]))
+    with pytest.raises(ValueError, match=r"adapter: .*unexpected keyword argument 'rnk'"):
+        build.module(compose_train(["adapter=lora", "+adapter.rnk=4"]))
