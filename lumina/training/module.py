@@ -250,6 +250,10 @@ class LuminaModule(L.LightningModule):
         self._resumed_rng = checkpoint.get("lumina_rng")
         # a run goes on with the parts it started with (the schedule has no weights, so only this check sees it);
         # a checkpoint from before a part was chosen by name (issue 41) lacks the key and used the official part
+        trained_adapter = checkpoint.get("hyper_parameters", {}).get("adapter", {"name": "none"})
+        if trained_adapter != self.adapter_config:
+            raise ValueError(f"adapter={self.adapter_config}: the checkpoint was trained with adapter="
+                             f"{trained_adapter}; resume with that adapter")
         saved = checkpoint.get("hyper_parameters", {}).get("model", {})
         defaults = {f.name: f.default for f in dataclasses.fields(LuminaConfig)}
         for field, _ in OFFICIAL_PART_FIELDS:

@@ -116,3 +116,13 @@ def test_config_errors_name_the_field():
         build.module(compose_train(["adapter=lora", "adapter.rank=0"]))
     with pytest.raises(ValueError, match=r"adapter: .*unexpected keyword argument 'rnk'"):
         build.module(compose_train(["adapter=lora", "+adapter.rnk=4"]))
+
+
+def test_a_resume_under_another_adapter_is_refused_naming_both():
+    from lumina.training import build
+
+    module = build.module(compose_train(["adapter=lora", "adapter.rank=4"]))
+    with pytest.raises(ValueError, match=r"adapter=\{'name': 'lora'.*trained with adapter=\{'name': 'none'\}"):
+        module.on_load_checkpoint({"hyper_parameters": {"adapter": {"name": "none"}}})
+    with pytest.raises(ValueError, match=r"trained with adapter=\{'name': 'none'\}"):
+        module.on_load_checkpoint({"hyper_parameters": {}})  # a checkpoint from before adapters: none
