@@ -231,3 +231,27 @@ def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
     assert lora.trainable_count == adapter_count
     assert lora.gradients == adapter_count * 4 and lora.optimizer_states == 2 * adapter_count * 4
     assert full.trainable_count == full.parameter_count
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_activation_checkpointing_gives_the_same_adapter_gradients(policy):
+    from lumina.model.checkpointing import apply_checkpointing
+
+    def adapter_grads(checkpointing: str) -> dict[str, torch.Tensor]:
+        model = base_model().train()
+        names = LoRA(rank=RANK, alpha=ALPHA).apply(model)
+        randomise_b(model)
+        apply_checkpointing(model, checkpointing)
+        for name, param in model.named_parameters():
+            param.requires_grad_(name in names)
+        out = model(make_batch(MIXED_TYPES * 4, seed=3))
+        loss = out.heads.text_logits(out.text_states).square().mean() + \
+            out.heads.image_logits(out.image_states).square().mean()
+        loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if n in names}
+
+    plain, checkpointed = adapter_grads("none"), adapter_grads(policy)
+    assert plain.keys() == checkpointed.keys() and all(g is not None for g in plain.values())
+    assert any(".experts.lora_A" in n and plain[n].abs().max() > 0 for n in plain)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=0, msg=name)
