@@ -6,5 +6,5 @@ from lumina.adapters.lora import LoRA, LoRAGroupedExperts, LoRALinear, lora_modu
 from lumina.adapters.merge import merge_adapter
 from lumina.adapters.peft_format import load_peft_adapter, save_peft_adapter
 
-__all__ = ["ADAPTERS", "Adapter", "LoRA", "LoRAGroupedExperts", "LoRALinear", "NoAdapter", "load_peft_adapter",
-           "lora_modules", "merge_adapter", "save_peft_adapter"]
+__all__ = ["ADAPTERS", "Adapter", "LoRA", "LoRAGroupedExperts", "LoRALinear", "NoAdapter",
+           "load_peft_adapter", "lora_modules", "merge_adapter", "save_peft_adapter"]

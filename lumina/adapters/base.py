@@ -1,8 +1,8 @@
 """The adapter's contract (`Adapter`) and the registry of adapters by name (`ADAPTERS`; the config's
-`adapter.name` names one, "none" by default). An adapter is applied to a built single-device model from outside
-its code, before any sharding, and says which parameters it added: with `freezes_base` those are the only ones
-that train (`lumina.training.trainable.mark_trainable`). A new adapter is one module in this package
-registering its class with `@ADAPTERS.register("name")`."""
+`adapter.name` names one, "none" by default). An adapter is applied to a built single-device model from
+outside its code, before any sharding, and says which parameters it added: with `freezes_base` those are the
+only ones that train (`lumina.training.trainable.mark_trainable`). A new adapter is one module in this
+package registering its class with `@ADAPTERS.register("name")`."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ class _GroupedLinear(torch.autograd.Function):
     """rows [N, in] sorted by expert (int32 offsets [E]: run ends), weight [E, out, in] -> [N, out]."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, rows: torch.Tensor, weight: torch.Tensor,  # noqa: ANN001
+                offsets: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(rows, weight, offsets)
         return torch._grouped_mm(rows, weight.transpose(-2, -1), offs=offsets)
 

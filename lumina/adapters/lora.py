@@ -1,5 +1,5 @@
-"""LoRA (`adapter=lora`): a rank-r update scale * B A (scale = alpha / r) beside each targeted projection, B zero
-at the start so the adapted model equals its base. Targets are shell-style globs over module names:
+"""LoRA (`adapter=lora`): a rank-r update scale * B A (scale = alpha / r) beside each targeted projection, B
+zero at the start so the adapted model equals its base. Targets are shell-style globs over module names:
   nn.Linear (attention `query_key_value`, `dense`, the dense MLPs and the shared expert) -> `LoRALinear`,
       A `lora_A.weight` [r, in], B `lora_B.weight` [out, r] (PEFT's names);
   the routed experts (`GroupedExperts`) -> `LoRAGroupedExperts`, per-expert stacked factors
@@ -54,6 +54,11 @@ class LoRALinear(nn.Linear):
         """The Linear this one adapts (sharing its parameters)."""
         return self._base[0]
 
+    def reset_parameters(self) -> None:
+        """The base Linear's own init (its weight and bias are these), then `reset_lora`."""
+        self.base.reset_parameters()
+        self.reset_lora()
+
     def reset_lora(self) -> None:
         """A Kaiming-uniform (a = sqrt(5), PEFT's default), B zero."""
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
@@ -65,7 +70,8 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
-        return F.linear(x, self.weight, self.bias) + self.scale * self.lora_B(self.lora_A(self.lora_dropout(x)))
+        low_rank = self.lora_B(self.lora_A(self.lora_dropout(x)))
+        return F.linear(x, self.weight, self.bias) + self.scale * low_rank
 
 
 class LoRAGroupedExperts(GroupedExperts):
@@ -92,7 +98,13 @@ class LoRAGroupedExperts(GroupedExperts):
     def base(self) -> GroupedExperts:
         return self._base[0]
 
+    def reset_parameters(self) -> None:
+        """The base experts' own init (N(0, std)), then `reset_lora`."""
+        super().reset_parameters()
+        self.reset_lora()
+
     def reset_lora(self) -> None:
+        """Each expert's A Kaiming-uniform (a = sqrt(5)), B zero."""
         with torch.no_grad():
             for name in EXPERT_PROJS:
                 for a in self.lora_A[name].unbind(0):

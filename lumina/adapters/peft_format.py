@@ -24,7 +24,7 @@ _EXPERT_RE = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$"
 
 
 def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """PEFT key -> tensor (CPU, contiguous) for every LoRA factor of `model`, the experts' split per expert."""
+    """PEFT key -> tensor (CPU, contiguous) for every LoRA factor of `model`, the experts' split by expert."""
     out: dict[str, torch.Tensor] = {}
     for name, module in lora_modules(model).items():
         if isinstance(module, LoRALinear):
@@ -47,7 +47,8 @@ def save_peft_adapter(model: nn.Module, directory: str | Path, overwrite: bool =
         raise ValueError("save_peft_adapter: the model has no LoRA adapter")
     settings = {(m.rank, m.alpha, _dropout(m)) for m in modules.values()}
     if len(settings) != 1:
-        raise ValueError(f"save_peft_adapter: adapted modules differ in (rank, alpha, dropout): {sorted(settings)}")
+        raise ValueError("save_peft_adapter: adapted modules differ in (rank, alpha, dropout): "
+                         f"{sorted(settings)}")
     (rank, alpha, dropout), = settings
     directory = Path(directory)
     for file in (CONFIG_FILE, WEIGHTS_FILE):
@@ -87,8 +88,8 @@ def read_adapter_config(directory: Path) -> dict:
                              f"{field}={value!r})")
     for field in ("rank_pattern", "alpha_pattern", "modules_to_save"):
         if config.get(field):
-            raise ValueError(f"{str(path)!r}: {field}={config[field]!r} is not supported (one r and lora_alpha "
-                             "for every module, no modules_to_save)")
+            raise ValueError(f"{str(path)!r}: {field}={config[field]!r} is not supported (one r and "
+                             "lora_alpha for every module, no modules_to_save)")
     for field in ("r", "lora_alpha"):
         if field not in config:
             raise ValueError(f"{str(path)!r}: no {field!r}")
@@ -96,8 +97,8 @@ def read_adapter_config(directory: Path) -> dict:
 
 
 def load_peft_adapter(model: nn.Module, directory: str | Path) -> list[str]:
-    """Adapt `model` (a plain base, no adapter yet) with the LoRA adapter in PEFT's format at `directory` (lumina's
-    or another tool's), in place: the modules its keys name get rank r, alpha lora_alpha and dropout
+    """Adapt `model` (a plain base, no adapter yet) with the LoRA adapter in PEFT's format at `directory`
+    (lumina's or another tool's), in place: the modules its keys name get rank r, alpha lora_alpha and dropout
     lora_dropout, and its factors. Every key must name a module of the model with the right shapes, and each
     adapted experts module needs factors for all its experts and projections. Returns the LoRA parameter
     names (as `LoRA.apply`)."""
@@ -135,8 +136,9 @@ def load_peft_adapter(model: nn.Module, directory: str | Path) -> list[str]:
             for proj in EXPERT_PROJS:
                 for e in range(module.num_local_experts):
                     target = f"{name}.{e}.{proj}"
-                    _copy(module.lora_A[proj][e], _factor(factors, target, "lora_A", weights_path), target, "lora_A")
-                    _copy(module.lora_B[proj][e], _factor(factors, target, "lora_B", weights_path), target, "lora_B")
+                    for which in ("lora_A", "lora_B"):
+                        param = getattr(module, which)[proj][e]
+                        _copy(param, _factor(factors, target, which, weights_path), target, which)
     return names
 
 
@@ -148,8 +150,8 @@ def _exact(name: str) -> str:
 def _factor(factors: dict[str, dict[str, torch.Tensor]], target: str, which: str, path: Path) -> torch.Tensor:
     found = factors.get(target, {}).get(which)
     if found is None:
-        raise ValueError(f"{str(path)!r}: no {PREFIX}{target}.{which}.weight (an adapted module needs both factors, "
-                         "for every expert)")
+        raise ValueError(f"{str(path)!r}: no {PREFIX}{target}.{which}.weight (an adapted module needs both "
+                         "factors, for every expert)")
     return found
 
 

@@ -46,7 +46,8 @@ def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
     rows = PackRows.assume(seq_len, **pack)
     precision = Precision.of(cfg.trainer.get("precision", "32-true"), param_dtype)
     estimate = estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep,
-                                    freeze=model_freeze(cfg), adapter=build_adapter(plain(cfg.get("adapter")) or {}))
+                                    freeze=model_freeze(cfg),
+                                    adapter=build_adapter(plain(cfg.get("adapter")) or {}))
     return replace(estimate, sp=sp)
 
 

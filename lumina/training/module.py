@@ -61,8 +61,8 @@ class LuminaModule(L.LightningModule):
         self.adapter_config = dict(adapter or {"name": "none"})
         self.adapter = build_adapter(self.adapter_config)
         if self.adapter.freezes_base and self.objective.config.balance.bias_update:
-            raise ValueError(f"adapter.name={self.adapter_config['name']!r} freezes the base, expert bias included: "
-                             "set objective.balance.bias_update=false")
+            raise ValueError(f"adapter.name={self.adapter_config['name']!r} freezes the base, expert bias "
+                             "included: set objective.balance.bias_update=false")
         self.save_hyperparameters({
             "model": _plain(model_config), "objective": _plain(self.objective.config),
             "optim": _plain(self.optim_config), "init_from": init_from, "freeze": self.freeze_globs,
@@ -95,8 +95,8 @@ class LuminaModule(L.LightningModule):
             return
         strategy_inits = self._trainer is not None and getattr(self.trainer.strategy, "materialises_model", False)
         if strategy_inits and self.adapter.freezes_base:
-            raise ValueError(f"adapter.name={self.adapter_config['name']!r}: adapters under a sharding strategy "
-                             "(strategy=fsdp_ep) are not supported yet; train on one device")
+            raise ValueError(f"adapter.name={self.adapter_config['name']!r}: adapters under a sharding "
+                             "strategy (strategy=fsdp_ep) are not supported yet; train on one device")
         if strategy_inits:
             with torch.device("meta"):
                 model = LuminaModel(self.model_config)
@@ -105,7 +105,8 @@ class LuminaModule(L.LightningModule):
                                 device=self.device)
         adapter_params = self.adapter.apply(model)
         apply_checkpointing(model, self.model_config.gradient_checkpointing)
-        trainable = mark_trainable(model, self.freeze_globs, adapter_params if self.adapter.freezes_base else None)
+        only = adapter_params if self.adapter.freezes_base else None
+        trainable = mark_trainable(model, self.freeze_globs, only)
         self.frozen_names = [name for name, _ in model.named_parameters() if name not in trainable]
         self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
         if self.compile:  # after checkpointing, before the strategy shards the layers

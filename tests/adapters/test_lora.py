@@ -60,7 +60,8 @@ def test_targets_adapt_attention_mlps_shared_and_routed_experts_not_the_router()
         expected |= {f"model.layers.{i}.attention.query_key_value", f"model.layers.{i}.attention.dense"}
         mlp = f"model.layers.{i}.mlp."
         if config.is_moe_layer(i):
-            expected |= {mlp + "experts"} | {f"{mlp}shared_experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
+            shared = {f"{mlp}shared_experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
+            expected |= {mlp + "experts"} | shared
         else:
             expected |= {mlp + p for p in ("gate_proj", "up_proj", "down_proj")}
     assert adapted == expected
@@ -137,12 +138,13 @@ def test_merge_gives_a_plain_model_with_the_adapted_logits():
     torch.testing.assert_close(merged_image, image, rtol=0, atol=1e-5)
     base_text, _ = logits(base_model())
     assert not torch.allclose(merged_text, base_text, atol=1e-3)  # the merge did add the update
-    assert any(isinstance(m, LoRAGroupedExperts) for m in model.modules())  # the adapted model is left as it was
+    assert any(isinstance(m, LoRAGroupedExperts) for m in model.modules())  # the adapted model is kept
 
 
 def analytic_adapter_bytes(config: LuminaConfig, rank: int, bytes_per: int) -> int:
     """r (in + out) per adapted Linear and per expert projection, from the config's dimensions."""
-    h, heads, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    h, hd = config.hidden_size, config.head_dim
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
     attention = rank * (h + (heads + 2 * kv) * hd) + rank * (heads * hd + h)
     total = 0
     for i in range(config.num_hidden_layers):
@@ -211,13 +213,13 @@ def test_peft_import_refuses_wrong_shapes_and_missing_experts(tmp_path):
 def test_bad_settings_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="adapter.rank=0"):
         LoRA(rank=0)
-    with pytest.raises(ValueError, match=r"dropout is refused on the routed experts .*model\.layers\.1\.mlp\.experts"):
+    with pytest.raises(ValueError, match=r"dropout is refused on the routed experts .*layers\.1\.mlp"):
         LoRA(rank=RANK, dropout=0.1).apply(base_model())
     with pytest.raises(ValueError, match=r"selects 'model\.layers\.1\.mlp\.gate', a SigmoidRouter"):
         LoRA(rank=RANK, targets=["*.mlp.gate"]).apply(base_model())
     with pytest.raises(ValueError, match=r"'\*\.attention\.qkv' matches no module"):
         LoRA(rank=RANK, targets=["*.attention.qkv"]).apply(base_model())
-    LoRA(rank=RANK, dropout=0.1, targets=["*.attention.dense"]).apply(base_model())  # dropout on Linear is fine
+    LoRA(rank=RANK, dropout=0.1, targets=["*.attention.dense"]).apply(base_model())  # fine on a Linear
 
 
 def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
@@ -255,3 +257,18 @@ def test_activation_checkpointing_gives_the_same_adapter_gradients(policy):
     assert any(".experts.lora_A" in n and plain[n].abs().max() > 0 for n in plain)
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=0, msg=name)
+
+
+def test_reset_parameters_draws_the_base_init_and_a_zero_b():
+    model = base_model()
+    LoRA(rank=RANK, alpha=ALPHA).apply(model)
+    randomise_b(model)
+    std = LuminaConfig.tiny().initializer_range
+    for name in ("model.layers.1.attention.dense", "model.layers.1.mlp.experts"):
+        module = model.get_submodule(name)
+        before = module.weight.clone() if isinstance(module, LoRALinear) else module.up_proj.clone()
+        module.reset_parameters()
+        after = module.weight if isinstance(module, LoRALinear) else module.up_proj
+        assert not torch.equal(after, before)
+        assert 0.8 * std < after.std().item() < 1.2 * std  # N(0, std), not nn.Linear's Kaiming bound
+        assert all(p.abs().max() == 0 for n, p in module.named_parameters() if n.startswith("lora_B"))

@@ -1,6 +1,7 @@
 """`lumina-train adapter=lora` with the real Lightning Trainer on the built-in world, from a tiny official
-split-layout checkpoint: only the adapter trains (every base tensor bit-identical afterwards, the expert bias
-included), the loss falls, and the end-of-run export (merged model + PEFT adapter) gives the trained logits."""
+split-layout checkpoint: only the adapter trains (every base tensor bit-identical afterwards, the expert
+bias included), the held-out loss falls, and the end-of-run export (merged model + PEFT adapter) gives the
+trained logits."""
 
 from __future__ import annotations
 
@@ -108,9 +109,9 @@ def test_config_errors_name_the_field():
     from lumina.training import build
 
     cfg = compose_train(["adapter=lora", "objective.balance.bias_update=true"])
-    with pytest.raises(ValueError, match=r"adapter.name='lora' freezes the base.*objective.balance.bias_update=false"):
+    with pytest.raises(ValueError, match=r"adapter.name='lora' freezes the base.*bias_update=false"):
         build.module(cfg)
-    with pytest.raises(ValueError, match=r"adapter.name='lorra': no adapter of that name; choose one of lora, none"):
+    with pytest.raises(ValueError, match=r"adapter.name='lorra': no adapter of that name; choose one of lora, "):
         build.module(compose_train(["adapter.name=lorra"]))
     with pytest.raises(ValueError, match=r"adapter.rank=0"):
         build.module(compose_train(["adapter=lora", "adapter.rank=0"]))
@@ -122,7 +123,7 @@ def test_a_resume_under_another_adapter_is_refused_naming_both():
     from lumina.training import build
 
     module = build.module(compose_train(["adapter=lora", "adapter.rank=4"]))
-    with pytest.raises(ValueError, match=r"adapter=\{'name': 'lora'.*trained with adapter=\{'name': 'none'\}"):
+    with pytest.raises(ValueError, match=r"adapter=\{'name': 'lora'.*trained with adapter=\{'name': 'none'"):
         module.on_load_checkpoint({"hyper_parameters": {"adapter": {"name": "none"}}})
     with pytest.raises(ValueError, match=r"trained with adapter=\{'name': 'none'\}"):
         module.on_load_checkpoint({"hyper_parameters": {}})  # a checkpoint from before adapters: none

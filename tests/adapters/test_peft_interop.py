@@ -70,7 +70,8 @@ def test_peft_loads_the_export_and_merges_to_lumina_merged_weights(tmp_path):
     save_peft_adapter(model, tmp_path / "adapter")
     lumina_merged = split_weights(merge_adapter(model), tmp_path / "merged")
 
-    peft_merged = peft.PeftModel.from_pretrained(split_tree(base_split), str(tmp_path / "adapter")).merge_and_unload()
+    loaded = peft.PeftModel.from_pretrained(split_tree(base_split), str(tmp_path / "adapter"))
+    peft_merged = loaded.merge_and_unload()
     for key in linear_weights(lumina_merged):
         torch.testing.assert_close(peft_merged.get_parameter(key), lumina_merged[key], rtol=0, atol=1e-6)
     assert "model.layers.2.mlp.experts.7.down_proj.weight" in lumina_merged
@@ -82,7 +83,8 @@ def test_an_adapter_peft_writes_imports_into_lumina(tmp_path):
     base_split = split_weights(base_model(), tmp_path / "base")
     targets = sorted({k[:-len(".weight")] for k in linear_weights(base_split)
                       if (".attention." in k or ".mlp." in k) and ".mlp.gate." not in k})
-    written = peft.get_peft_model(split_tree(base_split), peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+    written = peft.get_peft_model(split_tree(base_split), config)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for name, param in written.named_parameters():
