@@ -223,7 +223,7 @@ def test_bad_settings_are_refused_naming_the_field():
 
 
 def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
-    from lumina.training.memory_estimate import estimate_step_memory
+    from lumina.training.memory_estimate import Precision, estimate_step_memory
 
     config = LuminaConfig.tiny()
     full = estimate_step_memory(config, 256)
@@ -233,6 +233,12 @@ def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
     assert lora.trainable_count == adapter_count
     assert lora.gradients == adapter_count * 4 and lora.optimizer_states == 2 * adapter_count * 4
     assert full.trainable_count == full.parameter_count
+    # bf16 parameters: a trainable head's fused loss keeps an fp32 weight-gradient accumulator; a frozen head none
+    bf16 = Precision(param_bytes=2, activation_bytes=2, gathered_bytes=2)
+    full16 = estimate_step_memory(config, 256, precision=bf16)
+    lora16 = estimate_step_memory(config, 256, precision=bf16, adapter=LoRA(rank=RANK, alpha=ALPHA))
+    heads = (config.vocab_size + config.num_codebooks * config.codebook_size) * config.hidden_size
+    assert full16.head_losses - lora16.head_losses == heads * 4
 
 
 @pytest.mark.parametrize("policy", ["full", "selective"])
