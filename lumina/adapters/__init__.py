@@ -3,8 +3,8 @@
 
 from lumina.adapters.base import ADAPTERS, Adapter, NoAdapter
 from lumina.adapters.lora import LoRA, LoRAGroupedExperts, LoRALinear, lora_modules
-from lumina.adapters.merge import merge_adapter
+from lumina.adapters.merge import merge_adapter, merged_state_dict
 from lumina.adapters.peft_format import load_peft_adapter, save_peft_adapter
 
 __all__ = ["ADAPTERS", "Adapter", "LoRA", "LoRAGroupedExperts", "LoRALinear", "NoAdapter",
-           "load_peft_adapter", "lora_modules", "merge_adapter", "save_peft_adapter"]
+           "load_peft_adapter", "lora_modules", "merge_adapter", "merged_state_dict", "save_peft_adapter"]

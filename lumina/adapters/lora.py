@@ -137,6 +137,12 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear | LoRAGroupedExperts]
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear | LoRAGroupedExperts)}
 
 
+def lora_parameter_names(model: nn.Module) -> list[str]:
+    """The names of the LoRA factors of `model` (`lora_A` / `lora_B` of each adapted module)."""
+    return [f"{name}.{param}" for name, module in lora_modules(model).items()
+            for param, _ in module.named_parameters() if param.startswith("lora_")]
+
+
 def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
     """Put `module` at dotted `name` in `model`."""
     parent_name, _, child = name.rpartition(".")
@@ -196,5 +202,4 @@ class LoRA(Adapter):
             else:
                 adapted = LoRALinear(module, self.rank, self.alpha, self.dropout)
             replace_module(model, name, adapted)
-        return [f"{name}.{param}" for name, module in lora_modules(model).items()
-                for param, _ in module.named_parameters() if param.startswith("lora_")]
+        return lora_parameter_names(model)

@@ -1,7 +1,7 @@
 """`HFExportCallback`: at the end of training, rank 0 writes an HF checkpoint directory (safetensors,
 config.json and the tokenizers of the source checkpoint and the data). layout "auto": the official split
 layout, or the fused one when the model uses a part the released model lacks (`unofficial_parts`). A model
-with a LoRA adapter is exported merged (`merge_adapter`), its adapter beside it in PEFT's format
+with a LoRA adapter is exported merged (`merged_state_dict`), its adapter beside it in PEFT's format
 (`<dirpath>/adapter`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lumina.adapters import lora_modules, merge_adapter, save_peft_adapter
+from lumina.adapters import lora_modules, merged_state_dict, save_peft_adapter
 from lumina.checkpoint.official_parts import unofficial_parts
 from lumina.checkpoint.save import save_pretrained
 
@@ -34,7 +34,7 @@ class HFExportCallback(L.Callback):
             return
         if isinstance(weights, nn.Module) and lora_modules(weights):
             self.adapter = save_peft_adapter(weights, self.dirpath / "adapter", overwrite=True)
-            weights = merge_adapter(weights)
+            weights = merged_state_dict(weights)
         source_dir = getattr(pl_module, "init_from", None)
         config, layout = pl_module.model.config, self.layout
         if layout == "auto":

@@ -17,6 +17,7 @@ from lumina.adapters import (
     LoRALinear,
     load_peft_adapter,
     merge_adapter,
+    merged_state_dict,
     save_peft_adapter,
 )
 from lumina.adapters.grouped_lora import lora_swiglu
@@ -139,6 +140,10 @@ def test_merge_gives_a_plain_model_with_the_adapted_logits():
     base_text, _ = logits(base_model())
     assert not torch.allclose(merged_text, base_text, atol=1e-3)  # the merge did add the update
     assert any(isinstance(m, LoRAGroupedExperts) for m in model.modules())  # the adapted model is kept
+    exported = merged_state_dict(model)  # what the end-of-run export writes
+    plain = merged.state_dict()
+    assert list(exported) == list(plain)
+    assert all(torch.equal(exported[key], plain[key]) for key in plain)
 
 
 def analytic_adapter_bytes(config: LuminaConfig, rank: int, bytes_per: int) -> int:
