@@ -11,6 +11,7 @@ from lumina.model.supervision import PackRows
 from lumina.training.build import model_config, model_freeze, plain
 from lumina.training.errors import ConfigError
 from lumina.training.memory_estimate import GIB, PACK_KEYS, MemoryEstimate, Precision, estimate_step_memory
+from lumina.training.module import build_adapter
 
 
 def memory_budget_gib(cfg: Any) -> float | None:
@@ -45,7 +46,8 @@ def estimate_from_cfg(cfg: Any) -> MemoryEstimate:
     rows = PackRows.assume(seq_len, **pack)
     precision = Precision.of(cfg.trainer.get("precision", "32-true"), param_dtype)
     estimate = estimate_step_memory(config, seq_len, policy, rows, precision, "adamw", shard, ep,
-                                    freeze=model_freeze(cfg))
+                                    freeze=model_freeze(cfg),
+                                    adapter=build_adapter(plain(cfg.get("adapter")) or {}))
     return replace(estimate, sp=sp)
 
 

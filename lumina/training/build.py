@@ -74,7 +74,8 @@ def module(cfg: DictConfig) -> LuminaModule:
     optim = OptimConfig(**plain(cfg.optim))
     return LuminaModule(model_config(cfg), objective=objective, optim=optim,
                         init_from=cfg.model.get("init_from"), freeze=model_freeze(cfg),
-                        meta_init=bool(cfg.model.get("meta_init", False)), compile=model_compile(cfg))
+                        meta_init=bool(cfg.model.get("meta_init", False)), compile=model_compile(cfg),
+                        adapter=plain(cfg.get("adapter")))
 
 
 def model_freeze(cfg: DictConfig) -> list[str]:

@@ -1,6 +1,8 @@
 """`HFExportCallback`: at the end of training, rank 0 writes an HF checkpoint directory (safetensors,
 config.json and the tokenizers of the source checkpoint and the data). layout "auto": the official split
-layout, or the fused one when the model uses a part the released model lacks (`unofficial_parts`)."""
+layout, or the fused one when the model uses a part the released model lacks (`unofficial_parts`). A model
+with a LoRA adapter is exported merged (`merged_state_dict`), its adapter beside it in PEFT's format
+(`<dirpath>/adapter`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 
+from lumina.adapters import lora_modules, merged_state_dict, save_peft_adapter
 from lumina.checkpoint.official_parts import unofficial_parts
 from lumina.checkpoint.save import save_pretrained
 
@@ -21,12 +25,16 @@ class HFExportCallback(L.Callback):
         self.dtype = dtype
         self.max_shard_size = max_shard_size
         self.exported: Path | None = None
+        self.adapter: Path | None = None  # the PEFT-format adapter, when the model has one
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         gather = getattr(trainer.strategy, "consolidated_state_dict", None)  # sharded: every rank joins
         weights = gather(pl_module.model) if gather is not None else pl_module.model
         if not trainer.is_global_zero:
             return
+        if isinstance(weights, nn.Module) and lora_modules(weights):
+            self.adapter = save_peft_adapter(weights, self.dirpath / "adapter", overwrite=True)
+            weights = merged_state_dict(weights)
         source_dir = getattr(pl_module, "init_from", None)
         config, layout = pl_module.model.config, self.layout
         if layout == "auto":

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lumina.adapters import Adapter
 from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.dtypes import float_dtype, float_dtype_of_size
@@ -30,7 +31,7 @@ from lumina.model.experts import experts_per_rank
 from lumina.model.image_heads import ImageHead, build_image_head, image_head_class
 from lumina.model.linear_ce import auto_chunk_rows
 from lumina.model.lumina_model import LuminaModel
-from lumina.model.params import ParameterCounts, parameter_counts
+from lumina.model.params import parameter_counts
 from lumina.model.supervision import PackRows, int_at_least
 from lumina.training.trainable import mark_trainable
 
@@ -179,10 +180,13 @@ def mask_bytes(backend: str, seq_len: int, rows: PackRows, a: int) -> int:
     return 0
 
 
-def head_weight_gradient_bytes(counts: ParameterCounts, precision: Precision, shard: int) -> int:
-    """The heads' weight gradients the fused losses form in forward: on one rank only the fp32 accumulator of
-    narrower weights (the rest are the parameters' gradients); under FSDP the unsharded weights' in full."""
-    heads = sum(sum(counts.units[name]) for name in ("lm_head", "lm_img_head"))
+HEAD_MODULES = ("lm_head.", "lm_img_head.")  # the heads whose fused losses form weight gradients in forward
+
+
+def head_weight_gradient_bytes(heads: int, precision: Precision, shard: int) -> int:
+    """The weight gradients of the `heads` trainable head parameters, which the fused losses form in forward
+    (a frozen head forms none): on one rank only the fp32 accumulator of narrower weights (the rest are the
+    parameters' gradients); under FSDP the unsharded weights' in full."""
     if shard == 1:
         return heads * FP32 if precision.param_bytes < FP32 else 0
     return heads * (precision.gathered_bytes + (FP32 if precision.gathered_bytes < FP32 else 0))
@@ -269,12 +273,14 @@ class MemoryEstimate:
 def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool | None = None,
                          rows: PackRows | None = None, precision: Precision | None = None,
                          optimizer: str = "adamw", shard: int = 1, ep: int = 1,
-                         attn_backend: str | None = None, freeze: Sequence[str] = ()) -> MemoryEstimate:
+                         attn_backend: str | None = None, freeze: Sequence[str] = (),
+                         adapter: Adapter | None = None) -> MemoryEstimate:
     """The memory of one step of `config` on packs of `seq_len` tokens (B = 1) on one rank.
 
     policy: None = config.gradient_checkpointing; rows: None = `PackRows.assume(seq_len)`; optimizer: "adamw"
     or "sgd"; shard: FSDP shard size (experts split over ep, sharded over shard // ep); attn_backend: None =
-    config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state)."""
+    config.attn_backend; freeze: `model.freeze` globs (no gradient, no optimizer state); adapter: applied to
+    the meta model first (its parameters counted; with a frozen base only they get gradients and states)."""
     from lumina.attention import resolve_backend
 
     int_at_least("seq_len", seq_len, 1)
@@ -295,8 +301,12 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
     a = precision.activation_bytes
     with torch.device("meta"):
         model = LuminaModel(config)
+    adapter_params = adapter.apply(model) if adapter is not None else []
     counts = parameter_counts(model)
-    trainable = sum(p.numel() for p in mark_trainable(model, freeze).values())
+    only = adapter_params if adapter is not None and adapter.freezes_base else None
+    trainable_params = mark_trainable(model, freeze, only)
+    trainable = sum(p.numel() for p in trainable_params.values())
+    heads = sum(p.numel() for name, p in trainable_params.items() if name.startswith(HEAD_MODULES))
     per_rank = -(-counts.total // shard)
     param_bytes = per_rank * precision.param_bytes
     grad_bytes = -(-trainable // shard) * precision.param_bytes
@@ -315,6 +325,6 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         trainable_count=trainable,
         parameters=param_bytes, gradients=grad_bytes, optimizer_states=states * grad_bytes,
         activations=sum(value for _, value in parts),
-        head_losses=head_loss_bytes(config, seq_len, rows, a) + head_weight_gradient_bytes(counts, precision, shard),
+        head_losses=head_loss_bytes(config, seq_len, rows, a) + head_weight_gradient_bytes(heads, precision, shard),
         optimizer_step=grad_bytes if states else 0, fsdp_buffers=fsdp, shard=shard, ep=ep,
         activation_parts=parts)

@@ -19,6 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from lumina.adapters import ADAPTERS, Adapter
 from lumina.checkpoint.model_factory import build_model
 from lumina.checkpoint.official_parts import OFFICIAL_PART_FIELDS
 from lumina.data.batch import PackedBatch
@@ -40,11 +41,14 @@ class LuminaModule(L.LightningModule):
     `configure_model` (None = fresh init); freeze: parameter-name globs kept frozen and out of the optimizer;
     meta_init: build on the meta device first, then materialise (what a sharding strategy needs); compile:
     `torch.compile` the decoder layers and the channel head (`lumina.model.compile.apply_compile`) and log
-    `compile/graphs`, the graphs compiled so far in this process, every step."""
+    `compile/graphs`, the graphs compiled so far in this process, every step; adapter: the adapter part
+    (`lumina.adapters`, {"name": ..., options}; None = "none"), applied before checkpointing, compile and
+    sharding; when it freezes the base only its parameters train and the expert bias must not update."""
 
     def __init__(self, model_config: LuminaConfig, objective: ObjectiveConfig | None = None,
                  optim: OptimConfig | None = None, init_from: str | None = None,
-                 freeze: Sequence[str] = (), meta_init: bool = False, compile: bool = False) -> None:
+                 freeze: Sequence[str] = (), meta_init: bool = False, compile: bool = False,
+                 adapter: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim or OptimConfig()
@@ -54,9 +58,15 @@ class LuminaModule(L.LightningModule):
         self.compile = compile
         self.objective = LuminaObjective(objective or ObjectiveConfig(),
                                          schedule=build_schedule(model_config.masking_schedule))
+        self.adapter_config = dict(adapter or {"name": "none"})
+        self.adapter = build_adapter(self.adapter_config)
+        if self.adapter.freezes_base and self.objective.config.balance.bias_update:
+            raise ValueError(f"adapter.name={self.adapter_config['name']!r} freezes the base, expert bias "
+                             "included: set objective.balance.bias_update=false")
         self.save_hyperparameters({
             "model": _plain(model_config), "objective": _plain(self.objective.config),
             "optim": _plain(self.optim_config), "init_from": init_from, "freeze": self.freeze_globs,
+            "adapter": self.adapter_config,
         })
         self.model: torch.nn.Module | None = None
         self.frozen_names: list[str] = []
@@ -77,21 +87,26 @@ class LuminaModule(L.LightningModule):
 
     # ---- model ----
     def configure_model(self) -> None:
-        """Build the model once (a strategy may call this inside its sharding context) and apply its
-        activation-checkpointing policy (`model_config.gradient_checkpointing`). A strategy with
+        """Build the model once (a strategy may call this inside its sharding context), apply the adapter and
+        the activation-checkpointing policy (`model_config.gradient_checkpointing`). A strategy with
         `materialises_model` gets it on the meta device, shards it afterwards and initialises / loads
         `init_from` itself."""
         if self.model is not None:
             return
         strategy_inits = self._trainer is not None and getattr(self.trainer.strategy, "materialises_model", False)
+        if strategy_inits and self.adapter.freezes_base:
+            raise ValueError(f"adapter.name={self.adapter_config['name']!r}: adapters under a sharding "
+                             "strategy (strategy=fsdp_ep) are not supported yet; train on one device")
         if strategy_inits:
             with torch.device("meta"):
                 model = LuminaModel(self.model_config)
         else:
             model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
                                 device=self.device)
+        adapter_params = self.adapter.apply(model)
         apply_checkpointing(model, self.model_config.gradient_checkpointing)
-        trainable = mark_trainable(model, self.freeze_globs)
+        only = adapter_params if self.adapter.freezes_base else None
+        trainable = mark_trainable(model, self.freeze_globs, only)
         self.frozen_names = [name for name, _ in model.named_parameters() if name not in trainable]
         self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
         if self.compile:  # after checkpointing, before the strategy shards the layers
@@ -236,6 +251,10 @@ class LuminaModule(L.LightningModule):
         self._resumed_rng = checkpoint.get("lumina_rng")
         # a run goes on with the parts it started with (the schedule has no weights, so only this check sees it);
         # a checkpoint from before a part was chosen by name (issue 41) lacks the key and used the official part
+        trained_adapter = checkpoint.get("hyper_parameters", {}).get("adapter", {"name": "none"})
+        if trained_adapter != self.adapter_config:
+            raise ValueError(f"adapter={self.adapter_config}: the checkpoint was trained with adapter="
+                             f"{trained_adapter}; resume with that adapter")
         saved = checkpoint.get("hyper_parameters", {}).get("model", {})
         defaults = {f.name: f.default for f in dataclasses.fields(LuminaConfig)}
         for field, _ in OFFICIAL_PART_FIELDS:
@@ -243,6 +262,18 @@ class LuminaModule(L.LightningModule):
             if trained != now:
                 raise ValueError(f"model.config.{field}={now!r}: the checkpoint was trained with {trained!r}; "
                                  f"resume with model.config.{field}={trained}")
+
+
+def build_adapter(config: dict[str, Any]) -> Adapter:
+    """The adapter part config {"name": NAME, **options} names (`lumina.adapters.ADAPTERS`); a bad name or
+    option is a ValueError naming the field."""
+    options = dict(config)
+    name = options.pop("name", "none")
+    cls = ADAPTERS.get(name, "adapter.name")
+    try:
+        return cls(**options)
+    except TypeError as error:
+        raise ValueError(f"adapter: {error} (options of adapter {name!r}: {sorted(options)})") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,162 @@
+"""LoRA adapters in PEFT's on-disk format, for the official split layout (each routed expert its own module):
+    adapter_config.json          peft_type LORA, r, lora_alpha, lora_dropout, target_modules (module names)
+    adapter_model.safetensors    base_model.model.<module>.lora_A.weight [r, in], .lora_B.weight [out, r]
+where <module> is an attention / MLP Linear's name (`model.layers.3.attention.dense`) or, for the routed
+experts, `model.layers.3.mlp.experts.<e>.<gate_proj|up_proj|down_proj>`, one per expert."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lumina.adapters.lora import EXPERT_PROJS, LoRA, LoRAGroupedExperts, LoRALinear, lora_modules
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+_KEY_RE = re.compile(r"^base_model\.model\.(.+)\.(lora_A|lora_B)\.weight$")
+_EXPERT_RE = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$")
+
+
+def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """PEFT key -> tensor (CPU, contiguous) for every LoRA factor of `model`, the experts' split by expert."""
+    out: dict[str, torch.Tensor] = {}
+    for name, module in lora_modules(model).items():
+        if isinstance(module, LoRALinear):
+            pieces = {name: (module.lora_A.weight, module.lora_B.weight)}
+        else:
+            pieces = {f"{name}.{e}.{proj}": (module.lora_A[proj][e], module.lora_B[proj][e])
+                      for e in range(module.num_local_experts) for proj in EXPERT_PROJS}
+        for target, (a, b) in pieces.items():
+            out[f"{PREFIX}{target}.lora_A.weight"] = a.detach().cpu().contiguous()
+            out[f"{PREFIX}{target}.lora_B.weight"] = b.detach().cpu().contiguous()
+    return out
+
+
+def save_peft_adapter(model: nn.Module, directory: str | Path, overwrite: bool = False) -> Path:
+    """Write `model`'s LoRA adapter to `directory` in PEFT's format; an adapter already there is refused, or
+    replaced with overwrite=True. All adapted modules share one rank, alpha and dropout (PEFT's one `r` and
+    `lora_alpha`)."""
+    modules = lora_modules(model)
+    if not modules:
+        raise ValueError("save_peft_adapter: the model has no LoRA adapter")
+    settings = {(m.rank, m.alpha, _dropout(m)) for m in modules.values()}
+    if len(settings) != 1:
+        raise ValueError("save_peft_adapter: adapted modules differ in (rank, alpha, dropout): "
+                         f"{sorted(settings)}")
+    (rank, alpha, dropout), = settings
+    directory = Path(directory)
+    for file in (CONFIG_FILE, WEIGHTS_FILE):
+        if (directory / file).exists() and not overwrite:
+            raise FileExistsError(f"{str(directory / file)!r} exists; refusing to overwrite an adapter")
+    tensors = adapter_tensors(model)
+    targets = sorted({_KEY_RE.match(key).group(1) for key in tensors})
+    config = {
+        "peft_type": "LORA", "task_type": None, "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
+        "target_modules": targets, "bias": "none", "use_rslora": False, "use_dora": False,
+        "fan_in_fan_out": False, "init_lora_weights": True, "rank_pattern": {}, "alpha_pattern": {},
+        "modules_to_save": None, "base_model_name_or_path": None, "inference_mode": True,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def _dropout(module: LoRALinear | LoRAGroupedExperts) -> float:
+    drop = getattr(module, "lora_dropout", None)
+    return float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+
+
+def read_adapter_config(directory: Path) -> dict:
+    """`adapter_config.json`, checked for what lumina reads: a plain LoRA (no DoRA, rsLoRA, per-module
+    rank or alpha, bias or fan_in_fan_out); a ValueError names the file, field and value otherwise."""
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r}: no adapter config (expected a PEFT adapter directory)")
+    config = json.loads(path.read_text())
+    wanted = {"peft_type": "LORA", "use_dora": False, "use_rslora": False, "bias": "none",
+              "fan_in_fan_out": False}
+    for field, value in wanted.items():
+        if config.get(field, value) != value:
+            raise ValueError(f"{str(path)!r}: {field}={config.get(field)!r} is not supported (lumina reads "
+                             f"{field}={value!r})")
+    for field in ("rank_pattern", "alpha_pattern", "modules_to_save"):
+        if config.get(field):
+            raise ValueError(f"{str(path)!r}: {field}={config[field]!r} is not supported (one r and "
+                             "lora_alpha for every module, no modules_to_save)")
+    for field in ("r", "lora_alpha"):
+        if field not in config:
+            raise ValueError(f"{str(path)!r}: no {field!r}")
+    return config
+
+
+def load_peft_adapter(model: nn.Module, directory: str | Path) -> list[str]:
+    """Adapt `model` (a plain base, no adapter yet) with the LoRA adapter in PEFT's format at `directory`
+    (lumina's or another tool's), in place: the modules its keys name get rank r, alpha lora_alpha and dropout
+    lora_dropout, and its factors. Every key must name a module of the model with the right shapes, and each
+    adapted experts module needs factors for all its experts and projections. Returns the LoRA parameter
+    names (as `LoRA.apply`)."""
+    directory = Path(directory)
+    config = read_adapter_config(directory)
+    weights_path = directory / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"{str(weights_path)!r}: no adapter weights")
+    tensors = load_file(str(weights_path))
+    factors: dict[str, dict[str, torch.Tensor]] = {}  # module name -> {"lora_A": ..., "lora_B": ...}
+    for key, tensor in tensors.items():
+        match = _KEY_RE.match(key)
+        if match is None:
+            raise ValueError(f"{str(weights_path)!r}: key {key!r} is not a LoRA factor "
+                             "(base_model.model.<module>.lora_A.weight / .lora_B.weight)")
+        factors.setdefault(match.group(1), {})[match.group(2)] = tensor
+    modules = dict(model.named_modules())
+    targets: list[str] = []
+    for target in factors:
+        expert = _EXPERT_RE.match(target)
+        name = expert.group(1) if expert else target
+        if name not in modules:
+            raise ValueError(f"{str(weights_path)!r}: {target!r} names no module of the model")
+        if name not in targets:
+            targets.append(name)
+    adapter = LoRA(rank=int(config["r"]), alpha=float(config["lora_alpha"]),
+                   dropout=float(config.get("lora_dropout") or 0.0), targets=[_exact(t) for t in targets])
+    names = adapter.apply(model)
+    with torch.no_grad():
+        for name, module in lora_modules(model).items():
+            if isinstance(module, LoRALinear):
+                _copy(module.lora_A.weight, _factor(factors, name, "lora_A", weights_path), name, "lora_A")
+                _copy(module.lora_B.weight, _factor(factors, name, "lora_B", weights_path), name, "lora_B")
+                continue
+            for proj in EXPERT_PROJS:
+                for e in range(module.num_local_experts):
+                    target = f"{name}.{e}.{proj}"
+                    for which in ("lora_A", "lora_B"):
+                        param = getattr(module, which)[proj][e]
+                        _copy(param, _factor(factors, target, which, weights_path), target, which)
+    return names
+
+
+def _exact(name: str) -> str:
+    """A glob matching exactly `name` (module names hold no glob characters but `[`, escaped here)."""
+    return name.replace("[", "[[]")
+
+
+def _factor(factors: dict[str, dict[str, torch.Tensor]], target: str, which: str, path: Path) -> torch.Tensor:
+    found = factors.get(target, {}).get(which)
+    if found is None:
+        raise ValueError(f"{str(path)!r}: no {PREFIX}{target}.{which}.weight (an adapted module needs both "
+                         "factors, for every expert)")
+    return found
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, target: str, which: str) -> None:
+    if tuple(tensor.shape) != tuple(param.shape):
+        raise ValueError(f"{PREFIX}{target}.{which}.weight has shape {list(tensor.shape)}, the model needs "
+                         f"{list(param.shape)} (rank r and the module's in/out features)")
+    param.copy_(tensor.to(param.dtype))
