@@ -8,13 +8,14 @@ import copy
 
 def record_backbone_packs(model) -> list:
     """Wrap `model.backbone` so every pack it sees is copied into the returned list (the sampler updates its
-    pack in place between steps); `del model.backbone` restores the real one."""
+    pack in place between steps; with a key/value cache the pack holds only the rows the cache does not);
+    `del model.backbone` restores the real one."""
     seen = []
     real_backbone = model.backbone
 
-    def recording_backbone(batch):
+    def recording_backbone(batch, cache=None):
         seen.append(copy.deepcopy(batch))
-        return real_backbone(batch)
+        return real_backbone(batch, cache)
 
     model.backbone = recording_backbone
     return seen
