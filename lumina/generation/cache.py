@@ -46,7 +46,7 @@ class SamplerForward:
             total += count * per_row
             if total > self.budget_gib * GIB:
                 raise ValueError(f"prompt {name!r}: its key/value cache ({count} rows x {per_row} bytes) takes this "
-                                 f"batch's caches to {total / GIB:.3f} GiB, over cache_budget_gib={self.budget_gib}; "
+                                 f"batch's caches to {total / GIB:.3g} GiB, over cache_budget_gib={self.budget_gib}; "
                                  "raise cache_budget_gib, lower batch_size or set cache=false")
 
     def __call__(self, pack: PackedBatch, rows: torch.Tensor, names: Sequence[Hashable]) -> torch.Tensor:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from official import cases
 from gen_helpers import compare_decisions, record_decisions
+from official import cases
 from official.interface import write_tiny_checkpoint
 
 from lumina.data.schema import Media, Text
