@@ -235,3 +235,17 @@ def test_cache_settings_are_checked():
         TextSamplingConfig(cache="yes")
     with pytest.raises(ValueError, match="ImageSamplingConfig.cache_budget_gib=0: must be a positive number"):
         ImageSamplingConfig(cache_budget_gib=0)
+
+
+def test_the_dense_reference_backend_serves_the_cache_too(tokens):
+    """sdpa_dense (one masked [Lq, Lk] call) with the cache gives the segmented backend's answers."""
+    from lumina.model import LuminaModel
+    from lumina.model.config import LuminaConfig
+
+    answers = {}
+    for backend in ("segmented", "sdpa_dense"):
+        torch.manual_seed(0)
+        model = LuminaModel(LuminaConfig.tiny(attn_backend=backend)).eval()
+        answers[backend] = [a.raw for a in generate_text(model, text_prompts(), tokens, TextSamplingConfig(
+            gen_length=16, block_length=8, steps=4, temperature=0.0))]
+    assert answers["sdpa_dense"] == answers["segmented"]
