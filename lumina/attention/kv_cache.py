@@ -32,6 +32,7 @@ class Held:
 
     positions: torch.Tensor
     fields: dict[str, torch.Tensor]
+    extent: int  # max(positions) + 1: the segment must keep at least this many rows
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
 
@@ -80,6 +81,9 @@ class CachedStep:
         for name, held, start, end in zip(names, self.held, self.pack_bounds, self.pack_bounds[1:], strict=False):
             free = torch.ones(end - start, dtype=torch.bool, device=device)
             if held is not None:
+                if held.extent > end - start:
+                    raise ValueError(f"KVCache: segment {name!r} holds row {held.extent - 1}, but the pack gives it "
+                                     f"{end - start} rows")
                 free[held.positions] = False
                 checks += [(held.fields[f] != row_fields[f][start + held.positions]).any() for f in HELD_FIELDS]
             rows = free.nonzero().squeeze(1) + start
@@ -115,9 +119,11 @@ class CachedStep:
             self.kept[i] = q_rows
             positions = self.rows[q_rows] - self.pack_bounds[i]
             fields = {f: getattr(self.queries, f)[0][q_rows] for f in HELD_FIELDS}
+            extent = int(positions.max()) + 1
             if held is None:
-                self.cache.held[name] = Held(positions, fields)
+                self.cache.held[name] = Held(positions, fields, extent)
             else:
+                held.extent = max(held.extent, extent)
                 held.positions = torch.cat([held.positions, positions])
                 held.fields = {f: torch.cat([held.fields[f], fields[f]]) for f in HELD_FIELDS}
 

@@ -173,6 +173,12 @@ def test_a_held_row_that_changes_is_refused(tiny_model, tokens):
         pack.input_ids[0, 3] += 1  # a prompt row, held
         with pytest.raises(ValueError, match="a held row's ids or metadata changed"):
             cache.step(pack, ["a"])
+        shorter = prompt_piece(Prompt([Text([])]), tokens)  # fewer rows than the held prompt
+        short = collate_pack([shorter], len(shorter), tokens.pad, tokens.num_codebooks)
+        held = len(prompt_piece(image_prompts()[0], tokens))
+        with pytest.raises(ValueError, match=f"segment 'a' holds row {held - 1}, but the pack gives it "
+                                             f"{len(shorter)} rows"):
+            cache.step(short, ["a"])
 
 
 # ---- budget, rules without final rows, settings ----
