@@ -10,6 +10,16 @@ guidance (cfg 3). Each prints the measured ratio next to the FLOP-predicted one 
 `forward_flops` of every forward each run makes: backbone at the rows it computes, attention at the pairs the
 segmented backend computes, plus the heads), and `batched` the throughput of 16 text prompts packed 16 per
 forward against one at a time (with the cache). Figures: experiments/bench/README.md.
+
+Measured 2026-12-06 on the 2-core CPU shared with other jobs, 1 thread, `--repeats 1` (one run of each; five
+interleaved runs did not fit the session: read the image rows as +-30%):
+  understand  no cache 176.6 s  cache 19.5 s  9.04x  FLOP-predicted 10.26x  (0.88 of it)
+  edit_none   no cache  41.3 s  cache 39.7 s  1.04x  FLOP-predicted  1.13x  (0.92)
+  edit_dual   no cache  74.0 s  cache 44.8 s  1.65x  FLOP-predicted  1.21x  (1.37: load noise)
+  t2i_guided  no cache  45.0 s  cache 44.1 s  1.02x  FLOP-predicted  1.01x  (1.01)
+  batched     16 text prompts, one block of 32, 32 steps: 16 per forward 0.53 prompts/s, one at a time 0.40 (1.32x)
+The image cases are bound by the channel head and the 8 codebook heads at every masked cell (the same in both
+modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone.
 """
 
 from __future__ import annotations
