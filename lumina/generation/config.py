@@ -8,7 +8,17 @@ GUIDANCE_TARGETS = ("hidden", "logits")
 
 
 @dataclass(frozen=True)
-class TextSamplingConfig:
+class CacheSettings:
+    """cache: run the sampler's forwards through a key/value cache of the rows the attention rule makes final
+    (exact); false: the whole backbone over the whole pack at every step (the reference). cache_budget_gib: the
+    most the caches of one batch of prompts may hold (a prompt that would exceed it is refused)."""
+
+    cache: bool = True
+    cache_budget_gib: float = 16.0
+
+
+@dataclass(frozen=True)
+class TextSamplingConfig(CacheSettings):
     """Block-diffusion text decoding; the defaults are the official text-understanding ones (contract 6.2).
     gen_length: answer budget in tokens (the last block ends at it); block_length: tokens per block; steps:
     denoising steps per block (steps beyond a block's tokens commit nothing); temperature 0 = argmax;
@@ -40,7 +50,7 @@ class TextSamplingConfig:
 
 
 @dataclass(frozen=True)
-class ImageSamplingConfig:
+class ImageSamplingConfig(CacheSettings):
     """Masked image generation; the defaults are the official text-to-image ones (contract 6.3; editing:
     steps=64, cfg_scale=1.0). temperature: codebook sampling and re-masking noise (0 = argmax, no noise);
     cfg_scale: single guidance scale s; text_scale / image_scale > 0 select dual guidance for editing (then
@@ -79,6 +89,11 @@ def _check_common(config: TextSamplingConfig | ImageSamplingConfig, positive: tu
     for name in positive:
         if not isinstance(getattr(config, name), int) or getattr(config, name) <= 0:
             raise ValueError(f"{owner}.{name}={getattr(config, name)!r}: must be a positive integer")
+    if not isinstance(config.cache, bool):
+        raise ValueError(f"{owner}.cache={config.cache!r}: must be true or false")
+    if isinstance(config.cache_budget_gib, bool) or not isinstance(config.cache_budget_gib, int | float) \
+            or not config.cache_budget_gib > 0:
+        raise ValueError(f"{owner}.cache_budget_gib={config.cache_budget_gib!r}: must be a positive number of GiB")
     if temperature < 0:
         raise ValueError(f"{owner}.temperature={temperature}: must be >= 0")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 0):

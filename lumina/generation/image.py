@@ -4,7 +4,9 @@ pack), guidance on the masked cells' hidden states (or logits), the C codebooks 
 through the channel head, confidence = mean of the C probabilities (model dtype), and the cells below the
 keep_k-th lowest log(confidence) + temperature * Gumbel masked again (keep_k: the masking schedule's
 `image_keep`; every step commits at least one cell). At temperature 0 this is the official `generate_image_ar`
-rule for rule; above 0 the random streams differ from the official ones.
+rule for rule; above 0 the random streams differ from the official ones. With `cache` (default) only the
+prompt of each branch (an edit's source image included) is final under the full rules; it is computed once,
+every later step runs the answer rows against its cached keys and values.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from lumina.data.packing import collate_pack
 from lumina.data.schema import Text
 from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
+from lumina.generation.cache import SamplerForward
 from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.guidance import guide_dual, guide_single
 from lumina.generation.sampling import gumbel, model_schedule, remask_lowest, sample_tokens, seeded_generator
@@ -59,25 +62,34 @@ def generate_images(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
         dummy = not chunk
         if dummy:
             chunk = [Prompt([Text([])], grid=(1, 1), key="dummy")]
-        codes = _generate_batch(model, chunk, tokens, config, device, trace if b == 0 and not dummy else None)
+        forward = SamplerForward(model, config.cache, config.cache_budget_gib)
+        codes = _generate_batch(model, forward, chunk, tokens, config, device,
+                                trace if b == 0 and not dummy else None)
+        forward.close(f"image batch {b}")
         if not dummy:
             answers += [ImageAnswer(c.cpu(), p.grid) for c, p in zip(codes, chunk, strict=True)]
     return answers
 
 
-def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens, config: ImageSamplingConfig,
-                    device: torch.device, trace: list[StepTrace] | None) -> list[torch.Tensor]:
+def _generate_batch(model: nn.Module, forward: SamplerForward, prompts: list[Prompt], tokens: SpecialTokens,
+                    config: ImageSamplingConfig, device: torch.device,
+                    trace: list[StepTrace] | None) -> list[torch.Tensor]:
     branches = BRANCHES["dual" if config.dual else "single" if config.cfg_scale != 0 else "none"]
     sequences, cell_rows = [], []  # cell_rows[branch][prompt]: flat rows [n_cells]
     offset = 0
+    cacheable = [0] * len(prompts)  # per prompt, over its branches: rows that are not answer cells
     for drop_text, drop_image in branches:
         rows_of_branch = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
             seq, rows = image_sequence(p, tokens, drop_text, drop_image)
             sequences.append(seq)
             rows_of_branch.append((rows + offset).to(device))
             offset += len(seq)
+            cacheable[i] += len(seq) - len(rows)
         cell_rows.append(rows_of_branch)
+    forward.reserve([(p.key, n) for p, n in zip(prompts, cacheable, strict=True)])
+    names = [(b, i) for b in range(len(branches)) for i in range(len(prompts))]  # one segment each, in order
+    wanted = torch.cat([rows for rows_of_branch in cell_rows for rows in rows_of_branch])
     # single guidance with a negative branch identical to the conditional one (the prompt is already
     # `<uncondition>`, no media) guides nothing: h = h_c (contract 6.3)
     n = len(prompts)
@@ -100,12 +112,14 @@ def _generate_batch(model: nn.Module, prompts: list[Prompt], tokens: SpecialToke
     for step in range(config.steps):
         if not any_rank(any(bool(m.any()) for m in masked), device):
             break  # every cell committed (ranks agree, so their forwards stay in lockstep)
-        hidden = model.backbone(batch)[0]
+        flat = forward(batch, wanted, names).split(num_cells * len(branches))
+        per = len(prompts)
+        cells = [flat[b * per:(b + 1) * per] for b in range(len(branches))]  # cells[branch][prompt]: [n_cells, H]
         if config.guidance == "logits" and len(branches) > 1:
-            guided = [hidden[cell_rows[0][i][masked[i]]] for i in range(len(prompts))]  # traced: h_c
-            new_codes, probs = _sample_logit_guided(model, hidden, cell_rows, masked, config, sample_fn)
+            guided = [cells[0][i][masked[i]] for i in range(len(prompts))]  # traced: h_c
+            new_codes, probs = _sample_logit_guided(model, cells, masked, config, sample_fn)
         else:
-            guided = [_combine([hidden[rows[i][masked[i]]] for rows in cell_rows], config, unguided[i])
+            guided = [_combine([branch[i][masked[i]] for branch in cells], config, unguided[i])
                       for i in range(len(prompts))]
             new_codes, probs = model.sample_image_codes(torch.cat(guided), sample_fn)
         confidence = probs.mean(dim=1)  # in the model's dtype, like the official sampler
@@ -138,17 +152,17 @@ def _combine(branches: list[torch.Tensor], config: ImageSamplingConfig, unguided
     return guide_single(branches[0], negative, config.cfg_scale)
 
 
-def _sample_logit_guided(model: nn.Module, hidden: torch.Tensor, cell_rows: list[list[torch.Tensor]],
-                         masked: list[torch.Tensor], config: ImageSamplingConfig,
-                         sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
-    """Guidance on logits: the channel head runs on every branch's masked-cell states at once; per codebook
-    the branches' logits [N, K] are combined like hidden states, one code per cell is sampled, and every
-    branch embeds it for the next codebook. -> (codes [N, C], probabilities [N, C]) of the guided draw."""
-    states = [torch.cat([hidden[rows[i][m]] for i, m in enumerate(masked)]) for rows in cell_rows]
+def _sample_logit_guided(model: nn.Module, cells: list[list[torch.Tensor]], masked: list[torch.Tensor],
+                         config: ImageSamplingConfig, sample_fn: SampleFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Guidance on logits: the channel head runs on every branch's masked-cell states at once (cells[branch]
+    [prompt]: [n_cells, H]); per codebook the branches' logits [N, K] are combined like hidden states, one code
+    per cell is sampled, and every branch embeds it for the next codebook. -> (codes [N, C], probabilities
+    [N, C]) of the guided draw."""
+    states = [torch.cat([branch[i][m] for i, m in enumerate(masked)]) for branch in cells]
 
     def guided_fn(logits: torch.Tensor, codebook: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, probs = sample_fn(_combine(list(logits.chunk(len(cell_rows))), config), codebook)
-        return tokens.repeat(len(cell_rows)), probs.repeat(len(cell_rows))
+        tokens, probs = sample_fn(_combine(list(logits.chunk(len(cells))), config), codebook)
+        return tokens.repeat(len(cells)), probs.repeat(len(cells))
 
     codes, probs = model.sample_image_codes(torch.cat(states), guided_fn)
     num = states[0].shape[0]

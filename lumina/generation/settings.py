@@ -62,9 +62,14 @@ def _merged(given: Any, defaults: Any) -> dict[str, Any]:
     return {**defaults, **{k: v for k, v in given.items() if v is not None}}
 
 
+def _cache_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The top-level `cache` / `cache_budget_gib`, which both samplers read."""
+    return {name: cfg[name] for name in ("cache", "cache_budget_gib") if cfg.get(name) is not None}
+
+
 def text_config(cfg: DictConfig, settings: DictConfig, task: str) -> TextSamplingConfig:
     """cfg.text's set values over the task's defaults."""
-    return TextSamplingConfig(**_merged(cfg.text, _task_node(settings, task).get("text")))
+    return TextSamplingConfig(**_merged(cfg.text, _task_node(settings, task).get("text")), **_cache_settings(cfg))
 
 
 def image_config(cfg: DictConfig, settings: DictConfig, task: str) -> ImageSamplingConfig:
@@ -73,7 +78,7 @@ def image_config(cfg: DictConfig, settings: DictConfig, task: str) -> ImageSampl
     values = _merged(cfg.image, _task_node(settings, task).get("image"))
     if (values.get("text_scale") or values.get("image_scale")) and cfg.image.get("cfg_scale") is None:
         values["cfg_scale"] = 0.0
-    return ImageSamplingConfig(**values)
+    return ImageSamplingConfig(**values, **_cache_settings(cfg))
 
 
 def default_grid(settings: DictConfig, task: str) -> tuple[int, int] | None:

@@ -3,7 +3,9 @@ block at a time (`TextSamplingConfig`). A block starts as text-mask ids; each st
 a candidate and its confidence (fp64) at the block's masked rows, and commits the scheduled number of most
 confident rows (the masking schedule's `text_commits`; steps that commit nothing are skipped, as they change
 nothing in the official sampler). A finished block becomes clean context for the next; a prompt stops after
-the first block that holds EOA. Prompts are packed up to `batch_size` per forward.
+the first block that holds EOA. Prompts are packed up to `batch_size` per forward. With `cache` (default) a
+step computes only the rows the key/value cache does not hold: the prompt, the BOA and the committed blocks are
+final (the full rules), each written once; a committed block by the next block's first step, as clean rows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 from lumina.data.packing import collate_pack
 from lumina.data.schema import Text
 from lumina.data.special_tokens import SpecialTokens
+from lumina.generation.cache import SamplerForward
 from lumina.generation.config import TextSamplingConfig
 from lumina.generation.sampling import model_schedule, sample_tokens, seeded_generator
 from lumina.generation.sequences import Prompt, prompt_piece, text_sequence
@@ -33,7 +36,9 @@ class TextAnswer:
 
 
 class _State:
-    def __init__(self, prompt: Prompt, tokens: SpecialTokens, generator: torch.Generator) -> None:
+    def __init__(self, index: int, prompt: Prompt, tokens: SpecialTokens, generator: torch.Generator) -> None:
+        self.index = index  # its segment's name in the batch's cache
+        self.key = prompt.key
         self.piece = prompt_piece(prompt, tokens)
         self.generator = generator
         self.answer: list[int] = []
@@ -53,8 +58,14 @@ def generate_text(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens
     num_batches = max_over_ranks(-(-len(prompts) // size), device)
     for b in range(num_batches):
         chunk = prompts[b * size:(b + 1) * size]
-        states = [_State(p, tokens, seeded_generator(config.seed, p.key, "text", device)) for p in chunk]
-        _decode_batch(model, states, tokens, config, device)
+        states = [_State(i, p, tokens, seeded_generator(config.seed, p.key, "text", device))
+                  for i, p in enumerate(chunk)]
+        forward = SamplerForward(model, config.cache, config.cache_budget_gib)
+        # what a prompt may cache: prompt, BOA and every block but the last (never committed as clean rows)
+        forward.reserve([(s.key, len(s.piece) + 1 + (config.num_blocks - 1) * config.block_length)
+                         for s in states])
+        _decode_batch(model, forward, states, tokens, config, device)
+        forward.close(f"text batch {b}")
         answers += [_answer_of(s, tokens) for s in states]
     return answers
 
@@ -64,8 +75,8 @@ def _answer_of(state: _State, tokens: SpecialTokens) -> TextAnswer:
     return TextAnswer(raw[:raw.index(tokens.eoa)] if finished else list(raw), finished, list(raw))
 
 
-def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens, config: TextSamplingConfig,
-                  device: torch.device) -> None:
+def _decode_batch(model: nn.Module, forward: SamplerForward, states: list[_State], tokens: SpecialTokens,
+                  config: TextSamplingConfig, device: torch.device) -> None:
     """Decode every state's answer; keeps going (with dummy steps) while any rank has an unfinished prompt."""
     for block_index in range(config.num_blocks):
         active = [s for s in states if not s.done]
@@ -73,15 +84,15 @@ def _decode_batch(model: nn.Module, states: list[_State], tokens: SpecialTokens,
             return
         length = config.block_size(block_index)
         if active:
-            _decode_block(model, active, block_index, length, tokens, config, device)
+            _decode_block(model, forward, active, block_index, length, tokens, config, device)
         else:
             _dummy_block(model, length, tokens, config, device)
         for s in active:
             s.done = tokens.eoa in s.answer[block_index * config.block_length:]
 
 
-def _decode_block(model: nn.Module, states: list[_State], block_index: int, length: int, tokens: SpecialTokens,
-                  config: TextSamplingConfig, device: torch.device) -> None:
+def _decode_block(model: nn.Module, forward: SamplerForward, states: list[_State], block_index: int, length: int,
+                  tokens: SpecialTokens, config: TextSamplingConfig, device: torch.device) -> None:
     """Decode block `block_index` ([length] slots, length <= block_length) of every state's answer."""
     mask = torch.full((length,), tokens.text_mask, dtype=torch.long)
     sequences, block_rows = [], []
@@ -93,6 +104,7 @@ def _decode_block(model: nn.Module, states: list[_State], block_index: int, leng
         offset += len(seq)
     batch = collate_pack(sequences, offset, tokens.pad, tokens.num_codebooks).to(device)
     rows = torch.stack(block_rows).to(device)  # [P, length] flat rows of each current block
+    names = [s.index for s in states]
     schedule = model_schedule(model).text_commits(length, config.steps)
     for step in range(config.steps):
         if schedule[step] == 0 and config.threshold is None:
@@ -105,7 +117,7 @@ def _decode_block(model: nn.Module, states: list[_State], block_index: int, leng
             _dummy_step(model, tokens, device)
             continue
         query = rows[masked]
-        logits = model.heads().text_logits(model.backbone(batch)[0, query])
+        logits = model.heads().text_logits(forward(batch, query, names))
         counts = masked.sum(1).tolist()
         active = [i for i, n in enumerate(counts) if n]
         candidates, confidence = sample_tokens(

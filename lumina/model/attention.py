@@ -17,6 +17,9 @@ from lumina.model.layers import Linear, RMSNorm
 from lumina.model.rotary import apply_rotary
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
+# a key/value cache's hook for one layer (`lumina.attention.CachedStep.layer`): k, v of the rows this forward
+# computes [B, nkv, S, hd] -> k, v of every key row the spec names [B, nkv, Lk, hd]
+KeysValues = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @torch.compiler.disable
@@ -40,8 +43,10 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.dense = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.use_bias, std=std)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: object) -> torch.Tensor:
-        """x [B, S, H]; cos/sin [B, S, rotary_dim]; spec from `lumina.attention.build_spec` -> [B, S, H]."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: object,
+                kv: KeysValues | None = None) -> torch.Tensor:
+        """x [B, S, H]; cos/sin [B, S, rotary_dim]; spec from `lumina.attention.build_spec` -> [B, S, H]. `kv`:
+        a cache's hook giving the key rows (cached ones first) for these query rows."""
         batch, seq, _ = x.shape
         qkv = self.query_key_value(x).view(batch, seq, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
@@ -49,5 +54,7 @@ class Attention(nn.Module):
         k = self.key_layernorm(k.transpose(1, 2))  # [B, nkv, S, hd]
         v = v.transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv is not None:
+            k, v = kv(k, v)
         out = run_core(self.core, q, k, v, spec)  # [B, nh, S, hd]
         return self.dense(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))

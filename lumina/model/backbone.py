@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import nn
 
-from lumina.attention import resolve_backend
+from lumina.attention import CachedStep, resolve_backend
 from lumina.model.config import LuminaConfig
 from lumina.model.decoder import DecoderLayer
 from lumina.model.layers import Embedding, Linear, RMSNorm
@@ -76,14 +76,16 @@ class Backbone(nn.Module):
         return out.view(batch, seq, cfg.hidden_size), code_embeds[n_image:]
 
     def decode(self, embeds: torch.Tensor, position_ids: torch.Tensor,
-               spec: object, pack: PackRows | None = None) -> tuple[torch.Tensor, list[Routing]]:
+               spec: object, pack: PackRows | None = None,
+               cache: CachedStep | None = None) -> tuple[torch.Tensor, list[Routing]]:
         """embeds [B, S, H], position_ids [B, S] -> (final-normed hidden [B, S, H], routing per MoE layer);
-        `pack` tells the routers where the rows sit in their pack (None: the rows are the whole pack)."""
+        `pack` tells the routers where the rows sit in their pack (None: the rows are the whole pack); `cache`
+        gives each layer's attention its cached key rows."""
         cos, sin = self.rotary_emb(position_ids, embeds.dtype)
         h = embeds
         routings = []
-        for layer in self.layers:
-            h, routing = layer(h, cos, sin, spec, pack)
+        for i, layer in enumerate(self.layers):
+            h, routing = layer(h, cos, sin, spec, pack, None if cache is None else cache.layer(i))
             if routing is not None:
                 routings.append(routing)
         return self.norm(h), routings

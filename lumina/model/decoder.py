@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lumina.model.attention import Attention
+from lumina.model.attention import Attention, KeysValues
 from lumina.model.config import LuminaConfig
 from lumina.model.layers import RMSNorm
 from lumina.model.mlp import SwiGLU
@@ -31,9 +31,11 @@ class DecoderLayer(nn.Module):
         return isinstance(self.mlp, MoE)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                spec: object, pack: PackRows | None = None) -> tuple[torch.Tensor, Routing | None]:
-        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer); `pack` goes to the router."""
-        h = h + self.attention(self.input_layernorm(h), cos, sin, spec)
+                spec: object, pack: PackRows | None = None,
+                kv: KeysValues | None = None) -> tuple[torch.Tensor, Routing | None]:
+        """h [B, S, H] -> (h [B, S, H], routing or None for a dense layer); `pack` goes to the router, `kv` (a
+        key/value cache's hook) to the attention."""
+        h = h + self.attention(self.input_layernorm(h), cos, sin, spec, kv)
         ffn, routing = self.ffn(h, pack)
         return h + ffn, routing
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lumina.attention import AttentionSpec, build_spec
+from lumina.attention import AttentionSpec, CachedStep, build_spec
 from lumina.data.batch import PackedBatch
 from lumina.data.roles import TokenType
 from lumina.model.backbone import Backbone
@@ -67,16 +67,20 @@ class LuminaModel(nn.Module):
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
     # ---- public parts for samplers ----
-    def backbone(self, batch: PackedBatch) -> torch.Tensor:
-        """Final-normed hidden states [B, S, H]."""
-        spec = self._prologue(batch)
+    def backbone(self, batch: PackedBatch, cache: CachedStep | None = None) -> torch.Tensor:
+        """Final-normed hidden states [B, S, H]. With `cache` (`lumina.attention.KVCache.step`), `batch` is its
+        `queries`: they attend the cached key rows too, and the rows the rule makes final join the cache."""
+        spec = self._prologue(batch, cache)
         embeds, _ = self.model.embed(batch.input_ids, batch.type_ids)
-        return self.model.decode(embeds, batch.position_ids, spec, _pack_rows(batch))[0]
+        return self.model.decode(embeds, batch.position_ids, spec, _pack_rows(batch), cache)[0]
 
-    def _prologue(self, batch: PackedBatch) -> AttentionSpec:
-        """What `forward` and `backbone` do first: the pack's attention spec."""
-        return build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict,
-                          rule=self.config.attn_rule)
+    def _prologue(self, batch: PackedBatch, cache: CachedStep | None = None) -> AttentionSpec:
+        """What `forward` and `backbone` do first: the pack's attention spec (keys: the cache's key rows)."""
+        spec = build_spec(batch, backend=self.model.attn_backend, strict=self.config.attn_strict,
+                          rule=self.config.attn_rule, keys=None if cache is None else cache.keys)
+        if cache is not None:
+            cache.begin(spec)
+        return spec
 
     def heads(self) -> LuminaHeads:
         """The one way to the output heads: logits on demand and the fused losses (also `LuminaOutput.heads`)."""

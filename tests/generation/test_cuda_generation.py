@@ -27,3 +27,24 @@ def test_text_and_images_on_cuda(tiny_model, tokens):
     assert all(a.raw == [77] * 8 for a in generate_text(model, prompts, tokens, text_cfg))
     for answer in generate_images(model, prompts, tokens, image_cfg):
         assert torch.equal(answer.codes, torch.tensor([1, 2, 3, 4]).expand(6, -1))
+
+
+@pytest.mark.parametrize("backend", ["segmented", "sdpa_dense", "flex"])
+def test_the_cache_equals_the_full_forward_on_cuda(backend, tokens):
+    """The fp32 attention backends serve the cache's query rows against [cached, query] key rows on CUDA, with
+    the full forward's answers (flash_varlen, bf16 only: tests/attention test_query_subset_on_cuda)."""
+    from test_kv_cache import image_prompts, text_prompts
+
+    from lumina.model import LuminaModel
+    from lumina.model.config import LuminaConfig
+
+    torch.manual_seed(0)
+    model = LuminaModel(LuminaConfig.tiny(attn_backend=backend)).eval().cuda()
+    text, image = {}, {}
+    for cache in (False, True):
+        text[cache] = [a.raw for a in generate_text(model, text_prompts(), tokens, TextSamplingConfig(
+            gen_length=16, block_length=8, steps=4, temperature=0.0, cache=cache))]
+        image[cache] = [a.codes for a in generate_images(model, image_prompts(), tokens, ImageSamplingConfig(
+            steps=4, cfg_scale=2.0, temperature=0.0, cache=cache))]
+    assert text[True] == text[False]
+    assert all(torch.equal(a, b) for a, b in zip(image[True], image[False], strict=True))

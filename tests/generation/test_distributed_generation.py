@@ -1,10 +1,12 @@
 """Two gloo processes, FSDP2 (`fully_shard` per decoder layer + root) and lumina's FSDP2 + expert-parallel plan
 (all-to-all MoE dispatch): ranks with different numbers of prompts whose answers end at different blocks finish
-(no collective desync) and sample exactly what one process samples; the world evaluation's item split
+(no collective desync) and sample with the key/value cache (the worker's configs) exactly what one process
+samples without it (`cache=false`, the reference); the world evaluation's item split
 (`_sharded`) gathers every rank's answers back in order."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -15,6 +17,8 @@ from generation_dist_worker import IMAGE, TEXT, TOKENS, eoa_prone_model, image_p
 from lumina.generation import generate_images, generate_text
 
 WORLD = 2
+NO_CACHE_TEXT, NO_CACHE_IMAGE = (dataclasses.replace(config, cache=False) for config in (TEXT, IMAGE))
+assert TEXT.cache and IMAGE.cache  # the ranks sample with the cache
 TIMEOUT_S = 180.0
 
 
@@ -22,7 +26,7 @@ def test_fsdp2_ranks_stopping_at_different_blocks_complete(tmp_path):
     model = eoa_prone_model()
     candidates = list(range(6))
     reference = {k: a.raw for k, a in zip(candidates, generate_text(model, [text_prompt(k) for k in candidates],
-                                                                      TOKENS, TEXT), strict=True)}
+                                                                      TOKENS, NO_CACHE_TEXT), strict=True)}
     blocks = {k: len(raw) // TEXT.block_length for k, raw in reference.items()}
     early = min(candidates, key=lambda k: (blocks[k], k))
     late = max(candidates, key=lambda k: (blocks[k], -k))
@@ -32,7 +36,7 @@ def test_fsdp2_ranks_stopping_at_different_blocks_complete(tmp_path):
     image_keys = [[0], [1, 2]]
     eval_keys = [early, late, other]  # the evaluation's share: rank 0 items 0 and 2, rank 1 item 1
     image_reference = {k: a.codes for k, a in zip([0, 1, 2], generate_images(
-        model, [image_prompt(k) for k in (0, 1, 2)], TOKENS, IMAGE), strict=True)}
+        model, [image_prompt(k) for k in (0, 1, 2)], TOKENS, NO_CACHE_IMAGE), strict=True)}
 
     ctx = mp.start_processes(run_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path), text_keys, image_keys,
                                                    eval_keys),

@@ -228,7 +228,7 @@ def test_remasking_keeps_the_least_confident_cells_by_mean_codebook_probability(
             table.weight.mul_(factor)
     seen = record_backbone_packs(tiny_model)
     (answer,) = generate_images(tiny_model, [Prompt([Text([20, 21])], key=0, grid=grid)], tokens,
-                                ImageSamplingConfig(steps=steps, temperature=0.0, cfg_scale=0.0))
+                                ImageSamplingConfig(steps=steps, temperature=0.0, cfg_scale=0.0, cache=False))
     del tiny_model.backbone
     head = len(layout_prompt([Text([20, 21])], tokens))
     cells = torch.tensor([head + 2 + r * (grid[1] + 1) + c for r in range(grid[0]) for c in range(grid[1])])

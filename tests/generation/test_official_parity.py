@@ -5,7 +5,9 @@ temperature 0: text-to-image at 8 and 16 steps on a 4 x 4 grid without guidance 
 file image with single and with dual guidance; understanding from 4- and 5-column .pt token files, a .pkl of
 NumPy arrays and a second, different image; text QA with a partial last block; and video understanding from an
 official video token file (through lumina's text sampler: `lumina-generate` takes no video input). Every output
-must be equal."""
+must be equal, with lumina's key/value cache (the default) and without it (`cache=false`): the two runs also
+make the same decisions from logits within 1e-5, and no decision of the reference run is a near tie (margin
+under 1e-5: NEAR_TIES per case, 0 in every case)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gen_helpers import compare_decisions, record_decisions
 from official import cases
 from official.interface import write_tiny_checkpoint
 
@@ -42,17 +45,33 @@ def token_files(tmp_path_factory) -> dict:
     return cases.write_token_files(tmp_path_factory.mktemp("tokens"))
 
 
+NEAR_TIES = 0  # reference decisions with a margin under 1e-5, in every case
+
+
 def _generate(checkpoint: Path, out: Path, overrides: list[str]) -> Path:
+    """lumina-generate with the cache and without; both write the same files. -> the cached run's folder."""
     from hydra import compose, initialize_config_dir
 
     from lumina.cli.train import CONF_DIR
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("generate", overrides=[f"checkpoint={checkpoint}", "device=cpu", "dtype=float32",
-                                             f"text.seed={cases.PARITY_SEED}", f"image.seed={cases.PARITY_SEED}",
-                                             *overrides])
-    cfg.output_dir = str(out)
-    return run(cfg)
+    decisions, folders = {}, {}
+    for cache in (False, True):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("generate", overrides=[f"checkpoint={checkpoint}", "device=cpu", "dtype=float32",
+                                                 f"text.seed={cases.PARITY_SEED}", f"image.seed={cases.PARITY_SEED}",
+                                                 f"cache={str(cache).lower()}", *overrides])
+        cfg.output_dir = str(out / f"cache_{cache}")
+        with record_decisions() as decisions[cache]:
+            folders[cache] = run(cfg)
+    assert compare_decisions(decisions[False], decisions[True]) == NEAR_TIES
+    outputs = sorted(p.name for p in folders[False].iterdir() if p.suffix in (".jsonl", ".pt"))
+    assert outputs and outputs == sorted(p.name for p in folders[True].iterdir() if p.suffix in (".jsonl", ".pt"))
+    for name in outputs:
+        if name.endswith(".pt"):
+            assert torch.equal(torch.load(folders[True] / name)["indices"], torch.load(folders[False] / name)["indices"])
+        else:
+            assert (folders[True] / name).read_text() == (folders[False] / name).read_text()
+    return folders[True]
 
 
 def _answer_ids(out: Path) -> list[int]:
@@ -111,9 +130,13 @@ def test_video_understanding_from_a_token_file(checkpoint, tmp_path):
     prompt = Prompt([Media("video", found.codes, found.grid), Text(tok.encode(cases.USER["understand_video"]))],
                     system=tok.encode(SYSTEM["understand_video"]))
     model = load_model(checkpoint, device="cpu", dtype="float32")
-    config = TextSamplingConfig(**cases.PARITY_UNDERSTAND, temperature=0.0, seed=cases.PARITY_SEED)
-    (answer,) = generate_text(model, [prompt], tokens, config)
-    assert answer.ids == EXPECTED["understand_video_file"]["ids"]
+    answers, decisions = {}, {}
+    for cache in (False, True):
+        config = TextSamplingConfig(**cases.PARITY_UNDERSTAND, temperature=0.0, seed=cases.PARITY_SEED, cache=cache)
+        with record_decisions() as decisions[cache]:
+            (answers[cache],) = generate_text(model, [prompt], tokens, config)
+        assert answers[cache].ids == EXPECTED["understand_video_file"]["ids"]
+    assert compare_decisions(decisions[False], decisions[True]) == NEAR_TIES
 
 
 @pytest.mark.parametrize("name", sorted(cases.PARITY_GUIDED))

@@ -71,7 +71,7 @@ def test_finished_blocks_are_clean_like_the_answer_memory(tiny_model, tokens):
     block = 4
     seen = record_backbone_packs(tiny_model)
     generate_text(tiny_model, [Prompt([Text([20, 21, 22])], key=0)], tokens,
-                  TextSamplingConfig(gen_length=8, block_length=block, steps=2))
+                  TextSamplingConfig(gen_length=8, block_length=block, cache=False, steps=2))
     second_block = seen[2]  # steps 0, 1 decode block 0; step 2 is the first of block 1
     prompt_len = 5
     rows = slice(prompt_len + 1, prompt_len + 1 + block)  # block 0's answer rows after BOA
@@ -117,7 +117,7 @@ def test_partial_last_block_stops_at_gen_length(tiny_model, tokens):
     """gen_length 12 in blocks of 8: a block of 8, then one of 4 (the official `cur_block_len`), 12 slots."""
     _favour_token(tiny_model, 77)
     seen = record_backbone_packs(tiny_model)
-    config = TextSamplingConfig(gen_length=12, block_length=8, steps=4)
+    config = TextSamplingConfig(gen_length=12, block_length=8, cache=False, steps=4)
     (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21])], key=0)], tokens, config)
     assert answer.ids == [77] * 12
     last = seen[-1]
@@ -151,7 +151,7 @@ def test_commits_are_the_most_confident_argmax_slots(tiny_model, tokens):
     seen = record_backbone_packs(tiny_model)
     block, steps = 8, 4
     (answer,) = generate_text(tiny_model, [Prompt([Text([20, 21, 22])], key=0)], tokens,
-                              TextSamplingConfig(gen_length=block, block_length=block, steps=steps))
+                              TextSamplingConfig(gen_length=block, block_length=block, cache=False, steps=steps))
     del tiny_model.backbone  # the recording wrapper; the model's own method again
     assert len(seen) == steps
     outcomes = [b.input_ids[0, -block:, 0] for b in seen[1:]] + [torch.tensor(answer.raw)]
@@ -184,7 +184,7 @@ def test_third_block_metadata_by_hand(tiny_model, tokens):
     0, type 1 at position P; finished answers clean, type 3, block offset // 3; the current block noisy."""
     seen = record_backbone_packs(tiny_model)
     generate_text(tiny_model, [Prompt([Text([30, 31])], key=0)], tokens,
-                  TextSamplingConfig(gen_length=9, block_length=3, steps=1))
+                  TextSamplingConfig(gen_length=9, block_length=3, cache=False, steps=1))
     third = seen[2]
     user = [tokens.user_open, 30, 31, tokens.user_close]
     assert third.input_ids[0, :5, 0].tolist() == user + [tokens.boa]

@@ -1,0 +1,155 @@
+"""Sampling with the key/value cache (`cache=true`) against the full forward (`cache=false`), in one process,
+medians of interleaved runs, on the benchmark configuration with the official vocabulary and heads
+(`SMALL_CONFIG`, random weights, fp32, temperature 0; the EOA logit is zeroed so every block is decoded).
+
+    python experiments/bench/generate.py [--threads 1] [--repeats 5] [--cases understand,edit_none,...]
+
+Cases (issue 43): understanding a 32 x 32-cell image, 256 answer tokens in blocks of 32, 32 steps; editing a
+16 x 16 grid in 32 steps without guidance and with dual guidance; text-to-image 16 x 16 in 32 steps with
+guidance (cfg 3). Each prints the measured ratio next to the FLOP-predicted one (`lumina.model.flops`
+`forward_flops` of every forward each run makes: backbone at the rows it computes, attention at the pairs the
+segmented backend computes, plus the heads), and `batched` the throughput of 16 text prompts packed 16 per
+forward against one at a time (with the cache). Figures: experiments/bench/README.md.
+
+Measured 2026-12-06 on the 2-core CPU shared with other jobs, 1 thread, `--repeats 1` (one run of each; five
+interleaved runs did not fit the session: read the image rows as +-30%):
+  understand  no cache 176.6 s  cache 19.5 s  9.04x  FLOP-predicted 10.26x  (0.88 of it)
+  edit_none   no cache  41.3 s  cache 39.7 s  1.04x  FLOP-predicted  1.13x  (0.92)
+  edit_dual   no cache  74.0 s  cache 44.8 s  1.65x  FLOP-predicted  1.21x  (1.37: load noise)
+  t2i_guided  no cache  45.0 s  cache 44.1 s  1.02x  FLOP-predicted  1.01x  (1.01)
+  batched     16 text prompts, one block of 32, 32 steps: 16 per forward 0.53 prompts/s, one at a time 0.40 (1.32x)
+The image cases are bound by the channel head and the 8 codebook heads at every masked cell (the same in both
+modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_memory import SMALL_CONFIG  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+from lumina.data.schema import Media, Text  # noqa: E402
+from lumina.data.special_tokens import SpecialTokens  # noqa: E402
+from lumina.generation import ImageSamplingConfig, Prompt, TextSamplingConfig, generate_images, generate_text  # noqa: E402
+from lumina.model import LuminaModel  # noqa: E402
+from lumina.model.config import LuminaConfig  # noqa: E402
+from lumina.model.flops import forward_flops  # noqa: E402
+from lumina.model.supervision import PackRows, is_image_code_row  # noqa: E402
+
+BACKBONE_PARTS = ("embed", "attention", "attention_core", "dense_ffn", "router", "experts", "shared_expert",
+                  "combine")
+IMAGE_HEAD_PARTS = ("channel_head", "channel_attention", "image_heads")
+
+
+def _image(seed: int, grid: tuple[int, int], codebooks: int, codes: int) -> Media:
+    g = torch.Generator().manual_seed(seed)
+    return Media("image", torch.randint(0, codes, (grid[0] * grid[1], codebooks), generator=g), grid)
+
+
+def cases(tokens: SpecialTokens) -> dict:
+    """name -> (sampler, prompts, config without `cache`)."""
+    c, k = tokens.num_codebooks, tokens.codebook_size
+    question = Text(list(range(1000, 1012)))
+    return {
+        "understand": (generate_text, [Prompt([_image(0, (32, 32), c, k), question], system=[900, 901])],
+                       dict(gen_length=256, block_length=32, steps=32, temperature=0.0)),
+        "edit_none": (generate_images, [Prompt([_image(1, (16, 16), c, k), question], grid=(16, 16))],
+                      dict(steps=32, temperature=0.0, cfg_scale=0.0)),
+        "edit_dual": (generate_images, [Prompt([_image(1, (16, 16), c, k), question], grid=(16, 16))],
+                      dict(steps=32, temperature=0.0, cfg_scale=0.0, text_scale=1.5, image_scale=1.2)),
+        "t2i_guided": (generate_images, [Prompt([question], grid=(16, 16))],
+                       dict(steps=32, temperature=0.0, cfg_scale=3.0)),
+    }
+
+
+def config_of(sampler, fields: dict, cache: bool):  # noqa: ANN001, ANN201
+    kind = TextSamplingConfig if sampler is generate_text else ImageSamplingConfig
+    return kind(**fields, cache=cache)
+
+
+def counted_flops(model: LuminaModel, run) -> int:  # noqa: ANN001
+    """FLOPs of one `run()`: every backbone forward at the rows it computes (attention: per segment query rows x
+    key rows) plus the text head at the rows read and the image heads at the rows sampled."""
+    cfg, total = model.config, [0]
+    real_backbone, real_sample, real_heads = model.backbone, model.sample_image_codes, model.heads
+
+    def backbone(batch, cache=None):  # noqa: ANN001, ANN202
+        keys = batch if cache is None else cache.keys
+        q, kb = batch.seg_bounds, keys.seg_bounds
+        pairs = sum((q[i + 1] - q[i]) * (kb[i + 1] - kb[i]) for i in range(len(q) - 1))
+        rows = PackRows(batch.seq_len, 0, 0, int(is_image_code_row(batch.type_ids).sum()), 1)
+        parts = forward_flops(cfg, rows, pairs)
+        total[0] += sum(parts[name] for name in BACKBONE_PARTS)
+        return real_backbone(batch, cache)
+
+    def sample(h_rows, fn):  # noqa: ANN001, ANN202
+        parts = forward_flops(cfg, PackRows(h_rows.shape[0], 0, h_rows.shape[0], 0, 1), 0)
+        total[0] += sum(parts[name] for name in IMAGE_HEAD_PARTS)
+        return real_sample(h_rows, fn)
+
+    class Heads:
+        def __init__(self, heads):  # noqa: ANN001
+            self.heads = heads
+
+        def text_logits(self, h):  # noqa: ANN001, ANN202
+            total[0] += 2 * h.shape[0] * cfg.hidden_size * cfg.vocab_size
+            return self.heads.text_logits(h)
+
+    model.backbone, model.sample_image_codes, model.heads = backbone, sample, lambda: Heads(real_heads())
+    try:
+        run()
+    finally:
+        del model.backbone, model.sample_image_codes, model.heads
+    return total[0]
+
+
+def _runner(model, sampler, prompts, tokens, config):  # noqa: ANN001, ANN202
+    return lambda: sampler(model, prompts, tokens, config)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default="understand,edit_none,edit_dual,t2i_guided,batched")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = LuminaModel(LuminaConfig(**SMALL_CONFIG)).eval()
+    tokens = SpecialTokens.official(newline=198)  # any text id serves as the '\n' token here
+    with torch.no_grad():
+        model.lm_head.weight[tokens.eoa] = 0.0  # no early stop: every block of every case is decoded
+    wanted = args.cases.split(",")
+    print(f"threads={torch.get_num_threads()} repeats={args.repeats} (medians, cache / no cache interleaved)")
+    for name, (sampler, prompts, fields) in cases(tokens).items():
+        if name not in wanted:
+            continue
+        runs = {cache: _runner(model, sampler, prompts, tokens, config_of(sampler, fields, cache))
+                for cache in (False, True)}
+        flops = {cache: counted_flops(model, run) for cache, run in runs.items()}
+        seconds = interleaved_medians({str(c): run for c, run in runs.items()}, args.repeats, warmup=False)
+        measured = seconds["False"] / seconds["True"]
+        predicted = flops[False] / flops[True]
+        print(f"{name:11s} no cache {seconds['False']:7.2f} s  cache {seconds['True']:6.2f} s  measured "
+              f"{measured:5.2f}x  FLOP-predicted {predicted:5.2f}x  measured/predicted {measured / predicted:4.2f}")
+    if "batched" in wanted:
+        prompts = [Prompt([Text(list(range(1000, 1004 + i)))], key=i) for i in range(16)]
+
+        def batched(size: int):  # noqa: ANN202
+            config = TextSamplingConfig(gen_length=32, block_length=32, steps=32, temperature=0.0, batch_size=size)
+            return lambda: generate_text(model, prompts, tokens, config)
+
+        seconds = interleaved_medians({"16": batched(16), "1": batched(1)}, args.repeats, warmup=False)
+        print(f"batched     16 text prompts (one block of 32 tokens, 32 steps, cache): 16 per forward "
+              f"{16 / seconds['16']:.2f} prompts/s, one at a time {16 / seconds['1']:.2f} prompts/s "
+              f"({seconds['1'] / seconds['16']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
