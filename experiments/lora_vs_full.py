@@ -1,16 +1,18 @@
 """LoRA against a full fine-tune on the CPU (issue 44's learning study; results in experiments/lora_vs_full.md).
 
-    OMP_NUM_THREADS=1 python experiments/lora_vs_full.py OUT [--base-steps 400] [--steps 200] [--seeds 1 2] [--rank 16]
-        [--lora-lr 5e-3] [--full-lr 3e-4]
+    OMP_NUM_THREADS=1 python experiments/lora_vs_full.py OUT [--base-steps 400] [--steps 200] [--seeds 1 2]
+        [--rank 16] [--lora-lr 2e-3] [--full-lr 3e-4]
 
-1. base: `lumina-train` of the tiny model on the built-in world (world seed 0, 2,000 samples, seed 1234,
-   `--base-steps` optimizer steps); its end-of-run export OUT/base/hf holds the weights and the world's
-   tokenizers.
-2. data: `lumina-data world` with those tokenizers (the same tokenizer seed) but another world seed (7), a train
-   split of 1,000 and a held-out split of 128 samples (OUT/data/{train,val}).
-3. for each seed: `experiment=finetune` (all weights) and `experiment=finetune_lora` from OUT/base/hf on that
-   data, `--steps` steps each (LoRA: rank r, alpha 2r, on attention, dense MLP, shared and routed experts), the held-out loss every 50 steps (all held-out packs), the wall time of the run
-   and its logged peak memory (train/peak_mem_gib: the process's peak RSS on CPU).
+1. base: `lumina-train` of the tiny model on the built-in world without its edit task (world seed 0, 2,000
+   samples, the default task mix less edit, seed 1234, `--base-steps` optimizer steps); its end-of-run export
+   OUT/base/hf holds the weights and the world's tokenizers.
+2. data: the task the base never saw, edit, alone: world seed 7, 1,000 train and 128 held-out samples (the
+   world's held-out scenes and edit pairs) as Parquet shards with the world's tokenizers, checked equal to
+   the base checkpoint's tokenizer.json (OUT/data/{train,val}).
+3. the base's held-out loss on that data (a one-step LoRA run at lr 1e-12, validated after its step);
+4. for each seed: `experiment=finetune` (all weights) and `experiment=finetune_lora` from OUT/base/hf on that
+   data, `--steps` steps each (LoRA: rank r, alpha 2r, on attention, dense MLP, shared and routed experts),
+   the held-out loss every 50 steps (all held-out packs), the wall time of the run and its logged peak memory (train/peak_mem_gib: the process's peak RSS on CPU).
 Writes OUT/summary.json and prints a table. Each run is one process with one thread; runs go one at a time.
 """
 
@@ -25,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+BASE_MIX = "{caption: 0.25, vqa: 0.375, t2i: 0.25, text_qa: 0.125}"  # the world's default mix without edit
 QUIET = ["logger=csv", "callbacks.conditioning=null", "callbacks.expert_usage=null", "callbacks.checkpoint=null",
          "callbacks.throughput=null", "callbacks.model_summary=null", "callbacks.progress_bar=null",
          "trainer.enable_progress_bar=false", "ckpt_path=null"]
@@ -56,6 +59,18 @@ def summarise(run_dir: Path, seconds: float) -> dict:
             "steps": len(step_times)}
 
 
+def write_world(directory: Path, split: str, count: int) -> None:
+    """`count` edit samples of the built-in world's `split` (world seed 7) as Parquet shards, with the world's
+    tokenizers (those of the base checkpoint), as `lumina-data world` writes them."""
+    from lumina.data.world.dataset import build_world
+
+    world = build_world(split, count, seed=7, mix={"edit": 1.0})
+    directory.mkdir(parents=True)
+    world.dataset.save(directory, prefix=f"world-edit-{split}")
+    world.text_tokenizer.save(directory / "tokenizer.json")
+    world.image_tokenizer.save(directory / "image_tokenizer.safetensors")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -63,7 +78,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--lora-lr", type=float, default=5e-3)
+    parser.add_argument("--lora-lr", type=float, default=2e-3)
     parser.add_argument("--full-lr", type=float, default=3e-4)
     args = parser.parse_args()
     out: Path = args.out
@@ -72,24 +87,31 @@ def main() -> None:
     base = out / "base"
     if not (base / "hf" / "config.json").is_file():
         run([*train, f"hydra.run.dir={base}", f"trainer.max_steps={args.base_steps}", "trainer.val_check_interval=100",
-             "data.sources.0.options.num_samples=2000", *QUIET], out / "base.log")
+             "data.sources.0.options.num_samples=2000", f"+data.sources.0.options.mix={BASE_MIX}", *QUIET],
+            out / "base.log")
     data = out / "data"
     for split, count in (("train", 1000), ("val", 128)):
         if not (data / split).is_dir():
-            run([sys.executable, "-m", "lumina.cli.data", "world", "--out", str(data / split), "--split", split,
-                 "--seed", "7", "--num-samples", str(count)], out / f"data_{split}.log")
+            write_world(data / split, split, count)
+        if (data / split / "tokenizer.json").read_bytes() != (base / "hf" / "tokenizer.json").read_bytes():
+            raise SystemExit(f"{data / split}: its tokenizer.json is not the base checkpoint's")
     lora = [f"adapter.rank={args.rank}", f"adapter.alpha={2 * args.rank}", f"optim.lr={args.lora_lr}"]
     full = [f"optim.lr={args.full_lr}"]
     results: dict[str, dict] = {"settings": vars(args) | {"out": str(out)}}
+    common = [f"model.init_from={base / 'hf'}", "data=parquet", f"data.sources.0.path={data / 'train'}",
+              f"data.sources.0.options.val_path={data / 'val'}", "trainer.limit_val_batches=1.0",
+              "optim.warmup_steps=10", "data.tokenizer=null", *QUIET]
+    # the base's held-out loss: one LoRA step at lr 1e-12 (B stays ~1e-12, so this is the base), validated
+    seconds = run([*train, "experiment=finetune_lora", *common, "trainer.max_steps=1", "trainer.val_check_interval=1",
+                   "optim.lr=1e-12", f"hydra.run.dir={out / 'base_eval'}"], out / "base_eval.log")
+    results["base"] = summarise(out / "base_eval", seconds)
     for seed in args.seeds:
         for mode, experiment, extra in (("full", "finetune", full), ("lora", "finetune_lora", lora)):
             name = f"{mode}_seed{seed}"
             run_dir = out / name
-            seconds = run([*train, f"experiment={experiment}", f"model.init_from={base / 'hf'}", "data=parquet",
-                           f"data.sources.0.path={data / 'train'}", f"data.sources.0.options.val_path={data / 'val'}",
-                           f"trainer.max_steps={args.steps}", "trainer.val_check_interval=50",
-                           "trainer.limit_val_batches=1.0", "optim.warmup_steps=10", f"seed={seed}", "data.tokenizer=null",
-                           f"hydra.run.dir={run_dir}", *QUIET, *extra], out / f"{name}.log")
+            seconds = run([*train, f"experiment={experiment}", *common, f"trainer.max_steps={args.steps}",
+                           "trainer.val_check_interval=50", f"seed={seed}", f"hydra.run.dir={run_dir}", *extra],
+                          out / f"{name}.log")
             results[name] = summarise(run_dir, seconds)
             (out / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
             print(name, results[name], flush=True)
