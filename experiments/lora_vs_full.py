@@ -1,14 +1,14 @@
 """LoRA against a full fine-tune on the CPU (issue 44's learning study; results in experiments/lora_vs_full.md).
 
     OMP_NUM_THREADS=1 python experiments/lora_vs_full.py OUT [--base-steps 400] [--steps 200] [--seeds 1 2]
-        [--rank 16] [--lora-lr 2e-3] [--full-lr 3e-4]
+        [--task vqa] [--rank 16] [--lora-lr 2e-3] [--full-lr 3e-4]
 
-1. base: `lumina-train` of the tiny model on the built-in world without its edit task (world seed 0, 2,000
-   samples, the default task mix less edit, seed 1234, `--base-steps` optimizer steps); its end-of-run export
-   OUT/base/hf holds the weights and the world's tokenizers.
-2. data: the task the base never saw, edit, alone: world seed 7, 1,000 train and 128 held-out samples (the
-   world's held-out scenes and edit pairs) as Parquet shards with the world's tokenizers, checked equal to
-   the base checkpoint's tokenizer.json (OUT/data/{train,val}).
+1. base: `lumina-train` of the tiny model on the built-in world without one of its tasks, `--task` (world
+   seed 0, 2,000 samples, the default task mix less that task, seed 1234, `--base-steps` optimizer steps);
+   its end-of-run export OUT/base/hf holds the weights and the world's tokenizers.
+2. data: that task alone: world seed 7, 1,000 train and 128 held-out samples (the world's held-out scenes) as
+   Parquet shards with the world's tokenizers, checked equal to the base checkpoint's tokenizer.json
+   (OUT/data/{train,val}).
 3. the base's held-out loss on that data (a one-step LoRA run at lr 1e-12, validated after its step);
 4. for each seed: `experiment=finetune` (all weights) and `experiment=finetune_lora` from OUT/base/hf on that
    data, `--steps` steps each (LoRA: rank r, alpha 2r, on attention, dense MLP, shared and routed experts),
@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-BASE_MIX = "{caption: 0.25, vqa: 0.375, t2i: 0.25, text_qa: 0.125}"  # the world's default mix without edit
 QUIET = ["logger=csv", "callbacks.conditioning=null", "callbacks.expert_usage=null", "callbacks.checkpoint=null",
          "callbacks.throughput=null", "callbacks.model_summary=null", "callbacks.progress_bar=null",
          "trainer.enable_progress_bar=false", "ckpt_path=null"]
@@ -59,14 +58,21 @@ def summarise(run_dir: Path, seconds: float) -> dict:
             "steps": len(step_times)}
 
 
-def write_world(directory: Path, split: str, count: int) -> None:
-    """`count` edit samples of the built-in world's `split` (world seed 7) as Parquet shards, with the world's
-    tokenizers (those of the base checkpoint), as `lumina-data world` writes them."""
+def base_mix(task: str) -> str:
+    """The world's default task mix without `task`, as a Hydra dict override."""
+    from lumina.data.world.tasks import DEFAULT_TASK_MIX
+
+    return "{" + ", ".join(f"{t}: {w}" for t, w in DEFAULT_TASK_MIX.items() if t != task) + "}"
+
+
+def write_world(directory: Path, split: str, count: int, task: str) -> None:
+    """`count` samples of `task` alone from the built-in world's `split` (world seed 7) as Parquet shards, with
+    the world's tokenizers (those of the base checkpoint), as `lumina-data world` writes them."""
     from lumina.data.world.dataset import build_world
 
-    world = build_world(split, count, seed=7, mix={"edit": 1.0})
+    world = build_world(split, count, seed=7, mix={task: 1.0})
     directory.mkdir(parents=True)
-    world.dataset.save(directory, prefix=f"world-edit-{split}")
+    world.dataset.save(directory, prefix=f"world-{task}-{split}")
     world.text_tokenizer.save(directory / "tokenizer.json")
     world.image_tokenizer.save(directory / "image_tokenizer.safetensors")
 
@@ -77,6 +83,7 @@ def main() -> None:
     parser.add_argument("--base-steps", type=int, default=400)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--task", default="vqa", help="the world task the base never sees, then fine-tunes on")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lora-lr", type=float, default=2e-3)
     parser.add_argument("--full-lr", type=float, default=3e-4)
@@ -87,12 +94,12 @@ def main() -> None:
     base = out / "base"
     if not (base / "hf" / "config.json").is_file():
         run([*train, f"hydra.run.dir={base}", f"trainer.max_steps={args.base_steps}", "trainer.val_check_interval=100",
-             "data.sources.0.options.num_samples=2000", f"+data.sources.0.options.mix={BASE_MIX}", *QUIET],
+             "data.sources.0.options.num_samples=2000", f"+data.sources.0.options.mix={base_mix(args.task)}", *QUIET],
             out / "base.log")
     data = out / "data"
     for split, count in (("train", 1000), ("val", 128)):
         if not (data / split).is_dir():
-            write_world(data / split, split, count)
+            write_world(data / split, split, count, args.task)
         if (data / split / "tokenizer.json").read_bytes() != (base / "hf" / "tokenizer.json").read_bytes():
             raise SystemExit(f"{data / split}: its tokenizer.json is not the base checkpoint's")
     lora = [f"adapter.rank={args.rank}", f"adapter.alpha={2 * args.rank}", f"optim.lr={args.lora_lr}"]
