@@ -241,6 +241,10 @@ class LoRA(Adapter):
                                  "Linear layers and the routed experts only (the router stays frozen)")
             if isinstance(module, LoRALinear | LoRAGroupedExperts):
                 raise ValueError(f"adapter.targets selects {name!r}, which already has a LoRA adapter")
+            if isinstance(module, nn.Linear) and type(module).forward is not nn.Linear.forward:
+                raise ValueError(f"adapter.targets selects {name!r}, a {type(module).__name__} with a forward of "
+                                 "its own (a head's fused loss reads its weight directly): LoRA adapts plain "
+                                 "Linear layers")
             if isinstance(module, GroupedExperts) and self.dropout > 0:
                 raise ValueError(f"adapter.dropout={self.dropout}: dropout is refused on the routed experts "
                                  f"({name!r}); set it to 0 or leave the experts out of adapter.targets")

@@ -225,6 +225,9 @@ def test_bad_settings_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"'\*\.attention\.qkv' matches no module"):
         LoRA(rank=RANK, targets=["*.attention.qkv"]).apply(base_model())
     LoRA(rank=RANK, dropout=0.1, targets=["*.attention.dense"]).apply(base_model())  # fine on a Linear
+    with pytest.raises(ValueError, match=r"selects 'lm_head', a Head with a forward of its own"):
+        LoRA(rank=RANK, targets=["lm_head"]).apply(base_model())
+    LoRA(rank=RANK, targets=["multi_codebook_head.channel_blocks.*.attn.qkv"]).apply(base_model())  # channel head
     with pytest.raises(ValueError, match=r"adapter.seed=-1"):
         LoRA(rank=RANK, seed=-1)
 
