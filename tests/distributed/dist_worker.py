@@ -449,14 +449,14 @@ def sequence_runs() -> None:
 LORA = {"name": "lora", "rank": 4, "alpha": 8}
 
 
-def lora_module(hf_dir: str | None):
+def lora_module(hf_dir: str | None, checkpointing: str = "none"):
     """The LoRA fine-tune every adapter run trains: rank 4 on the default targets, base from `hf_dir` (None:
-    the seed-0 init)."""
+    the seed-0 init), activation checkpointing `checkpointing`."""
     from lumina.training.module import LuminaModule
     from lumina.training.optim import OptimConfig
 
     torch.manual_seed(0)
-    return LuminaModule(tiny_config(), init_from=hf_dir, objective=ObjectiveConfig(balance=BalanceConfig(
+    return LuminaModule(tiny_config(gradient_checkpointing=checkpointing), init_from=hf_dir, objective=ObjectiveConfig(balance=BalanceConfig(
         bias_update=False)), optim=OptimConfig(lr=1e-2, warmup_steps=1), adapter=dict(LORA))
 
 
@@ -494,13 +494,16 @@ def adapter_runs(hf_dir: str) -> None:
     reloaded = lora_module(hf_dir)
     trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=1)), root / "reload", 2).fit(
         reloaded, datamodule=FixedPacks(packs), ckpt_path=str(ckpt))
+    checkpointed = lora_module(hf_dir, "full")
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root / "checkpointed", 2).fit(
+        checkpointed, datamodule=FixedPacks(packs))
     try:  # a checkpoint without the frozen base, resumed without the init_from that holds it
         trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root / "no_base", 2).fit(
             lora_module(None), datamodule=FixedPacks(packs), ckpt_path=str(ckpt))
         no_base_error = None
     except ValueError as error:
         no_base_error = str(error)
-    save("lora", {"no_base_error": no_base_error,
+    save("lora", {"no_base_error": no_base_error, "checkpointed_losses": checkpointed.loss_history,
         "losses": module.loss_history, "resumed_losses": resumed.loss_history, "with_grad": grads.with_grad,
         "adapter_names": module.adapter_names, "weights": full_state_dict(model, all_ranks=True),
         "optimizer_params": sorted(n for n, p in model.named_parameters() if id(p) in in_optimizer),

@@ -53,6 +53,11 @@ def test_losses_equal_one_process(lora_dist, one_process) -> None:
         assert got["losses"] == pytest.approx(one_process, rel=1e-5)
 
 
+def test_activation_checkpointing_keeps_the_losses(lora_dist) -> None:
+    for got in lora_dist[0]:
+        assert got["checkpointed_losses"] == pytest.approx(got["losses"][:2], rel=1e-6)
+
+
 def test_only_the_adapter_gets_gradients_and_optimizer_state_and_the_base_stays(lora_dist) -> None:
     ranks, hf_in = lora_dist
     base = load_pretrained(hf_in).state_dict()
