@@ -5,33 +5,37 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from lumina.adapters.lora import EXPERT_PROJS, LoRALinear, lora_modules, lora_parameter_names, replace_module
+from lumina.adapters.lora import factor_keys, lora_modules, lora_parameter_names, replace_module
 
 
-def merged_weights(model: nn.Module, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """State-dict key of each adapted base weight -> its merged value, on `device` (None: the weight's)."""
+def merged_weights(model: nn.Module, state: Mapping[str, torch.Tensor] | None = None,
+                   device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """State-dict key of each adapted base weight -> W + scale * B A, its values read from `state` (whole
+    tensors; None: the model's own state dict), on `device` (None: the weight's)."""
+    state = model.state_dict() if state is None else state
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, module in lora_modules(model).items():
-            if isinstance(module, LoRALinear):
-                pairs = {f"{name}.weight": (module.weight, module.delta_weight())}
-            else:
-                deltas = module.delta_weights()
-                pairs = {f"{name}.{proj}": (getattr(module, proj), deltas[proj]) for proj in EXPERT_PROJS}
-            for key, (weight, delta) in pairs.items():
+            for key, (a, b) in factor_keys(name, module).items():
+                weight = state[key]
+                delta = module.scale * (state[b].float() @ state[a].float())  # [out, in] or [E, out, in]
                 out[key] = (weight.float() + delta).to(dtype=weight.dtype, device=device or weight.device)
     return out
 
 
-def merged_state_dict(model: nn.Module, device: torch.device | str | None = "cpu") -> dict[str, torch.Tensor]:
-    """`model`'s base state dict (its keys and order, no LoRA factor) with every adapted weight merged; the
+def merged_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor] | None = None,
+                      device: torch.device | str | None = "cpu") -> dict[str, torch.Tensor]:
+    """`model`'s base state dict (its keys and order, no LoRA factor) with every adapted weight merged; values
+    from `state` (None: the model's own state dict; a sharded model's gathered one, `full_state_dict`), the
     merged tensors on `device` (CPU by default: a merged copy of the experts need not fit beside the model)."""
-    merged, factors = merged_weights(model, device), set(lora_parameter_names(model))
-    return {key: merged.get(key, value) for key, value in model.state_dict().items() if key not in factors}
+    state = model.state_dict() if state is None else state
+    merged, factors = merged_weights(model, state, device), set(lora_parameter_names(model))
+    return {key: merged.get(key, value) for key, value in state.items() if key not in factors}
 
 
 def merge_adapter(model: nn.Module) -> nn.Module:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from lumina.adapters.lora import EXPERT_PROJS, LoRA, LoRAGroupedExperts, LoRALinear, lora_modules
+from lumina.adapters.lora import EXPERT_PROJS, LoRA, LoRAGroupedExperts, LoRALinear, factor_keys, lora_modules
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -23,23 +24,29 @@ _KEY_RE = re.compile(r"^base_model\.model\.(.+)\.(lora_A|lora_B)\.weight$")
 _EXPERT_RE = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$")
 
 
-def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """PEFT key -> tensor (CPU, contiguous) for every LoRA factor of `model`, the experts' split by expert."""
+def adapter_tensors(model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """PEFT key -> tensor (CPU, contiguous) for every LoRA factor of `model`, the experts' split by expert;
+    values from `state` (whole tensors; None: the model's own state dict)."""
+    state = model.state_dict() if state is None else state
     out: dict[str, torch.Tensor] = {}
     for name, module in lora_modules(model).items():
-        if isinstance(module, LoRALinear):
-            pieces = {name: (module.lora_A.weight, module.lora_B.weight)}
-        else:
-            pieces = {f"{name}.{e}.{proj}": (module.lora_A[proj][e], module.lora_B[proj][e])
-                      for e in range(module.num_local_experts) for proj in EXPERT_PROJS}
-        for target, (a, b) in pieces.items():
-            out[f"{PREFIX}{target}.lora_A.weight"] = a.detach().cpu().contiguous()
-            out[f"{PREFIX}{target}.lora_B.weight"] = b.detach().cpu().contiguous()
+        for key, (a_key, b_key) in factor_keys(name, module).items():
+            a, b = state[a_key], state[b_key]
+            if isinstance(module, LoRALinear):
+                pieces = {name: (a, b)}
+            else:  # [E, r, in] / [E, out, r]: one PEFT module per expert
+                proj = key.rsplit(".", 1)[1]
+                pieces = {f"{name}.{e}.{proj}": (a[e], b[e]) for e in range(a.shape[0])}
+            for target, (a_e, b_e) in pieces.items():
+                out[f"{PREFIX}{target}.lora_A.weight"] = a_e.detach().cpu().contiguous()
+                out[f"{PREFIX}{target}.lora_B.weight"] = b_e.detach().cpu().contiguous()
     return out
 
 
-def save_peft_adapter(model: nn.Module, directory: str | Path, overwrite: bool = False) -> Path:
-    """Write `model`'s LoRA adapter to `directory` in PEFT's format; an adapter already there is refused, or
+def save_peft_adapter(model: nn.Module, directory: str | Path, overwrite: bool = False,
+                      state: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """Write `model`'s LoRA adapter to `directory` in PEFT's format, its factors' values from `state` (None:
+    the model's own; a sharded model's gathered state dict); an adapter already there is refused, or
     replaced with overwrite=True. All adapted modules share one rank, alpha and dropout (PEFT's one `r` and
     `lora_alpha`)."""
     modules = lora_modules(model)
@@ -54,7 +61,7 @@ def save_peft_adapter(model: nn.Module, directory: str | Path, overwrite: bool =
     for file in (CONFIG_FILE, WEIGHTS_FILE):
         if (directory / file).exists() and not overwrite:
             raise FileExistsError(f"{str(directory / file)!r} exists; refusing to overwrite an adapter")
-    tensors = adapter_tensors(model)
+    tensors = adapter_tensors(model, state)
     targets = sorted({_KEY_RE.match(key).group(1) for key in tensors})
     config = {
         "peft_type": "LORA", "task_type": None, "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,

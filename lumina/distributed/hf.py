@@ -7,6 +7,7 @@ copy; `full_state_dict` gathers the consolidated weights (what the HF export wri
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -32,11 +33,14 @@ def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
 
 
 @torch.no_grad()
-def load_hf_sharded(model: nn.Module, path: str | Path) -> nn.Module:
+def load_hf_sharded(model: nn.Module, path: str | Path, adapter: Collection[str] = ()) -> nn.Module:
     """Fill every persistent tensor of a (sharded or plain) model from HF directory `path` (any expert
-    layout), cast to each tensor's dtype. Key/shape problems raise CheckpointMismatchError before any read."""
+    layout), cast to each tensor's dtype, except the parameters named in `adapter` (an adapter's, which an HF
+    base checkpoint does not hold; they keep their init). Key/shape problems raise CheckpointMismatchError
+    before any read."""
     checkpoint = HFCheckpoint(path)
-    state = model.state_dict()
+    skip = set(adapter)
+    state = {key: value for key, value in model.state_dict().items() if key not in skip}
     expected = {key: tuple(t.shape) for key, t in state.items()}
     sources = match_checkpoint(checkpoint.tensors, expected, where=str(path))
     reads: dict[Path, list[tuple[str, torch.Tensor, tuple[slice, ...], int | None]]] = defaultdict(list)

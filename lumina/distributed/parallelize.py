@@ -33,13 +33,16 @@ def mixed_precision(config: ParallelConfig) -> MixedPrecisionPolicy:
 
 
 def materialise(module: nn.Module, device: torch.device) -> None:
-    """Allocate every tensor of `module` still on meta and re-initialise its owner (`reset_parameters`)."""
-    for sub in module.modules():
-        own = [t for t in (*sub._parameters.values(), *sub._buffers.values()) if t is not None]
-        if any(t.is_meta for t in own):
-            sub.to_empty(device=device, recurse=False)
-            if hasattr(sub, "reset_parameters"):
-                sub.reset_parameters()
+    """Allocate every tensor of `module` still on meta, then re-initialise each owner (`reset_parameters`,
+    in `modules()` order). All are allocated first: a module may initialise tensors its children own (an
+    adapter's factors)."""
+    owners = [sub for sub in module.modules()
+              if any(t is not None and t.is_meta for t in (*sub._parameters.values(), *sub._buffers.values()))]
+    for sub in owners:
+        sub.to_empty(device=device, recurse=False)
+    for sub in owners:
+        if hasattr(sub, "reset_parameters"):
+            sub.reset_parameters()
 
 
 def _shard(units: nn.Module | list[nn.Module], mesh, mp: MixedPrecisionPolicy, divide: int, shard_size: int,

@@ -1,6 +1,7 @@
 """`shard_experts`: a layer's `GroupedExperts` with its fused [E, ...] projections turned, in place, into
 DTensors sharded Shard(0) over the `ep` mesh dim (Replicate elsewhere): checkpoints see the global tensors,
-the forward computes on this rank's E / ep experts."""
+the forward computes on this rank's E / ep experts. A LoRA adapter's per-expert factors (`LoRAGroupedExperts`)
+are split along E with the projections they adapt, so each rank holds its own experts' factors."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from lumina.adapters import LoRAGroupedExperts
 from lumina.checkpoint.keys import EXPERT_PROJS
 from lumina.model.experts import GroupedExperts, experts_per_rank
 
@@ -23,11 +25,15 @@ def shard_experts(experts: GroupedExperts, mesh: DeviceMesh, ep_dim: str = "ep",
     ep_index = mesh.mesh_dim_names.index(ep_dim)
     placements = tuple(Shard(0) if i == ep_index else Replicate() for i in range(mesh.ndim))
     first = mesh[ep_dim].get_local_rank() * num_local  # this rank's first expert
-    for name in EXPERT_PROJS:
-        full = getattr(experts, name)
+    stacked = {name: getattr(experts, name) for name in EXPERT_PROJS}
+    if isinstance(experts, LoRAGroupedExperts):
+        stacked.update(experts.stacked_factors())
+    for name, full in stacked.items():
         local = full.detach()[first:first + num_local].clone()
         dtensor = DTensor.from_local(local, mesh, placements, run_check=False, shape=full.shape,
                                      stride=full.stride())
-        setattr(experts, name, nn.Parameter(dtensor, requires_grad=full.requires_grad))
+        owner, _, leaf = name.rpartition(".")
+        (experts.get_submodule(owner) if owner else experts).register_parameter(
+            leaf, nn.Parameter(dtensor, requires_grad=full.requires_grad))
     experts.num_local_experts = num_local
     return experts

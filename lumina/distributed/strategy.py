@@ -2,8 +2,13 @@
 expert-parallel dispatcher, FSDP2 units, mesh-aware gradient clipping and hang proofing.
 
 `setup` shards the model (built on meta by `configure_model` if it likes) with `parallelize`, loads
-`init_from` into the shards and installs the participation check before Lightning takes over. With sequence
-parallelism `batch_to_device` keeps each rank's window of its group's pack.
+`init_from` into the shards (all but an adapter's parameters, which keep their init) and installs the
+participation check before Lightning takes over. With sequence parallelism `batch_to_device` keeps each rank's
+window of its group's pack.
+
+DCP checkpoints leave out the frozen parameters when the strategy read them from `init_from` (an adapter's
+base, `model.freeze`): they cannot change, and a resume reads them from `init_from` again. Such a checkpoint
+holds the trainable parameters, the buffers (the expert bias) and the optimizer state only.
 """
 
 from __future__ import annotations
@@ -11,15 +16,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule
 
 from lumina.data.batch import PackedBatch
@@ -111,11 +126,14 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         if model is None:
             raise TypeError(f"{type(self).__name__}: the LightningModule has no `model` after configure_model()")
         if not isinstance(model, FSDPModule):  # a later fit/validate call reuses the sharded model
-            self.parallelize_model(model, init_from=getattr(module, "init_from", None))
+            self.parallelize_model(model, init_from=getattr(module, "init_from", None),
+                                   adapter=getattr(module, "adapter_names", ()))
         super().setup(trainer)
 
-    def parallelize_model(self, model: nn.Module, init_from: str | None = None) -> None:
-        """Shard `model` in place (see module docstring); load `init_from` if the model arrived on meta."""
+    def parallelize_model(self, model: nn.Module, init_from: str | None = None,
+                          adapter: Sequence[str] = ()) -> None:
+        """Shard `model` in place (see module docstring); load `init_from` if the model arrived on meta, all
+        but the parameters named in `adapter`."""
         assert self.meshes is not None, "setup_environment() must run first"
         on_meta = any(t.is_meta for t in model.parameters())
         cfg = self.parallel
@@ -124,7 +142,7 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         if cfg.sp > 1:
             self.sequence_shard = SequenceShard(self.global_rank % cfg.sp, cfg.sp, model.config.pad_token_id)
         if on_meta and init_from is not None:
-            load_hf_sharded(model, init_from)
+            load_hf_sharded(model, init_from, adapter)
             self.loaded_init_from = init_from
         if cfg.participation_check:
             self.participation = ParticipationTracker(model, conditional)
@@ -146,9 +164,47 @@ class FSDP2ExpertParallelStrategy(ModelParallelStrategy):
         """Total gradient 2-norm over both meshes (what clipping uses; equal on every rank)."""
         return total_grad_norm(parameters)
 
+    @property
+    def state_dict_options(self) -> StateDictOptions:
+        """What a DCP checkpoint holds: no frozen parameter where `setup` read them from `init_from`."""
+        return StateDictOptions(cpu_offload=True, ignore_frozen_params=self.loaded_init_from is not None)
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if not self._save_distributed_checkpoint:
+            return super().lightning_module_state_dict()
+        return get_model_state_dict(self.model, options=self.state_dict_options)
+
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """DCP resume; the metadata file (with lumina's RNG record) is unpickled unless weights_only."""
-        return super().load_checkpoint(checkpoint_path, weights_only=False if weights_only is None else weights_only)
+        """DCP resume of the tensors `state_dict_options` keeps (the others came from `init_from`) and the
+        optimizer states; the metadata file (with lumina's RNG record) is unpickled unless weights_only. A
+        checkpoint without the frozen parameters needs the run's `init_from` (ValueError otherwise)."""
+        path = Path(self.broadcast(checkpoint_path))
+        weights_only = False if weights_only is None else weights_only
+        if not path.is_dir():  # a consolidated single-file checkpoint: Lightning's own path
+            return super().load_checkpoint(path, weights_only=weights_only)
+        options = self.state_dict_options
+        model_state = {"state_dict": get_model_state_dict(self.model, options=options)}
+        self._check_holds(path, model_state["state_dict"])
+        dcp.load(model_state, checkpoint_id=path)
+        set_model_state_dict(self.model, model_state["state_dict"], options=StateDictOptions(strict=False))
+        for index, optimizer in enumerate(self.optimizers):
+            key = f"optimizer_{index}"
+            optimizer_state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            dcp.load(optimizer_state, checkpoint_id=path)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optimizer_state[key], options=options)
+        return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
+
+    def _check_holds(self, path: Path, state: dict[str, Any]) -> None:
+        """ValueError naming init_from when the checkpoint lacks tensors this run needs from it."""
+        stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        missing = [key for key in state if f"state_dict.{key}" not in stored]
+        if not missing:
+            return
+        recorded = torch.load(path / _METADATA_FILENAME, weights_only=False).get("hyper_parameters", {})
+        raise ValueError(f"checkpoint {str(path)!r} holds no {missing[0]!r} ({len(missing)} tensors missing): it "
+                         "keeps only what trains, the frozen base comes from model.init_from "
+                         f"(this run: {self.loaded_init_from!r}; the checkpoint's run: "
+                         f"{recorded.get('init_from')!r}); resume with that model.init_from")
 
     def consolidated_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights on CPU on rank 0, empty elsewhere (a collective: every rank must call it)."""

@@ -13,6 +13,7 @@ task=eval          -> <out>/eval.json + <out>/samples.png: with eval.data=DIR yo
                      (`lumina.generation.own_eval`: exact match, BLEU, a t2i grid, per-task loss), else the
                      built-in world evaluation
 Sampling settings, system prompts and dtype not given follow the checkpoint (`lumina.generation.settings`).
+adapter_dir=DIR: a LoRA adapter in PEFT's format put on the checkpoint unmerged (`lumina.adapters.load_peft_adapter`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from lumina.adapters import load_peft_adapter
 from lumina.data.fs import is_file
 from lumina.data.pixels import Preparation, read_image, to_signed
 from lumina.data.prompts import system_prompt_task
@@ -67,6 +69,8 @@ def run(cfg: DictConfig) -> Path:
                          cfg.device)  # as given: AToken refuses to leave CUDA unless a device is named
     settings = resolve_settings(cfg, checkpoint_kind(config, assets.tokens, assets.text_tokenizer))
     model = load_model(cfg.checkpoint, device=device, dtype=parameter_dtype(cfg, settings, device))
+    if cfg.get("adapter_dir"):  # a LoRA adapter in PEFT's format on top of the checkpoint, not merged
+        load_peft_adapter(model, cfg.adapter_dir)
     if task == "eval":
         return _run_eval(model, assets, cfg, settings, out)
     requests = read_prompts(cfg)

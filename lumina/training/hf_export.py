@@ -2,7 +2,7 @@
 config.json and the tokenizers of the source checkpoint and the data). layout "auto": the official split
 layout, or the fused one when the model uses a part the released model lacks (`unofficial_parts`). A model
 with a LoRA adapter is exported merged (`merged_state_dict`), its adapter beside it in PEFT's format
-(`<dirpath>/adapter`)."""
+(`<dirpath>/adapter`), from the gathered weights when the model is sharded."""
 
 from __future__ import annotations
 
@@ -29,12 +29,14 @@ class HFExportCallback(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         gather = getattr(trainer.strategy, "consolidated_state_dict", None)  # sharded: every rank joins
-        weights = gather(pl_module.model) if gather is not None else pl_module.model
+        model = pl_module.model
+        weights = gather(model) if gather is not None else model
         if not trainer.is_global_zero:
             return
-        if isinstance(weights, nn.Module) and lora_modules(weights):
-            self.adapter = save_peft_adapter(weights, self.dirpath / "adapter", overwrite=True)
-            weights = merged_state_dict(weights)
+        if lora_modules(model):  # the adapter's structure from the model, its values from the weights
+            state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+            self.adapter = save_peft_adapter(model, self.dirpath / "adapter", overwrite=True, state=state)
+            weights = merged_state_dict(model, state)
         source_dir = getattr(pl_module, "init_from", None)
         config, layout = pl_module.model.config, self.layout
         if layout == "auto":

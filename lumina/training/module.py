@@ -70,6 +70,7 @@ class LuminaModule(L.LightningModule):
         })
         self.model: torch.nn.Module | None = None
         self.frozen_names: list[str] = []
+        self.adapter_names: list[str] = []  # the parameters the adapter added (`configure_model`)
         sizes = (model_config.vocab_size, model_config.codebook_size, model_config.num_codebooks)
         self.train_acc = TokenAccuracies(*sizes)
         self.val_acc = TokenAccuracies(*sizes)
@@ -94,9 +95,6 @@ class LuminaModule(L.LightningModule):
         if self.model is not None:
             return
         strategy_inits = self._trainer is not None and getattr(self.trainer.strategy, "materialises_model", False)
-        if strategy_inits and self.adapter.freezes_base:
-            raise ValueError(f"adapter.name={self.adapter_config['name']!r}: adapters under a sharding "
-                             "strategy (strategy=fsdp_ep) are not supported yet; train on one device")
         if strategy_inits:
             with torch.device("meta"):
                 model = LuminaModel(self.model_config)
@@ -104,6 +102,7 @@ class LuminaModule(L.LightningModule):
             model = build_model(self.model_config, init_from=self.init_from, meta_init=self.meta_init,
                                 device=self.device)
         adapter_params = self.adapter.apply(model)
+        self.adapter_names = adapter_params  # not in init_from: a strategy loading it leaves these as initialised
         apply_checkpointing(model, self.model_config.gradient_checkpointing)
         only = adapter_params if self.adapter.freezes_base else None
         trainable = mark_trainable(model, self.freeze_globs, only)

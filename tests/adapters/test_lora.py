@@ -225,6 +225,44 @@ def test_bad_settings_are_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"'\*\.attention\.qkv' matches no module"):
         LoRA(rank=RANK, targets=["*.attention.qkv"]).apply(base_model())
     LoRA(rank=RANK, dropout=0.1, targets=["*.attention.dense"]).apply(base_model())  # fine on a Linear
+    with pytest.raises(ValueError, match=r"selects 'lm_head', a Head with a forward of its own"):
+        LoRA(rank=RANK, targets=["lm_head"]).apply(base_model())
+    LoRA(rank=RANK, targets=["multi_codebook_head.channel_blocks.*.attn.qkv"]).apply(base_model())  # channel head
+    with pytest.raises(ValueError, match=r"adapter.seed=-1"):
+        LoRA(rank=RANK, seed=-1)
+
+
+def test_the_adapter_is_drawn_from_its_seed_the_same_on_meta_and_leaves_the_base_init_alone():
+    """Applied on meta and materialised unit by unit (what the sharding strategy does) or applied to a built
+    model: the same tensors, base and adapter; the base is what it is without an adapter; another seed draws
+    other A's."""
+    from lumina.distributed.parallelize import materialise
+
+    eager = base_model(seed=0)
+    names = LoRA(rank=RANK, alpha=ALPHA, seed=5).apply(eager)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        lazy = LuminaModel(LuminaConfig.tiny())
+    LoRA(rank=RANK, alpha=ALPHA, seed=5).apply(lazy)
+    position = {id(m): n for n, m in enumerate(lazy.modules())}
+    units = sorted([*lazy.model.layers, *lazy.conditional_modules().values()], key=lambda m: position[id(m)])
+    for unit in units:  # a unit at a time in model order, as `parallelize` does
+        materialise(unit, torch.device("cpu"))
+    materialise(lazy, torch.device("cpu"))
+    want, got = eager.state_dict(), lazy.state_dict()
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    plain = base_model(seed=0).state_dict()
+    assert all(torch.equal(want[key], value) for key, value in plain.items())
+    other = base_model(seed=0)
+    LoRA(rank=RANK, alpha=ALPHA, seed=6).apply(other)
+    a_names = [n for n in names if ".lora_A" in n]
+    assert not any(torch.equal(other.get_parameter(n), eager.get_parameter(n)) for n in a_names)
+    experts_a = eager.get_parameter("model.layers.1.mlp.experts.lora_A.up_proj")
+    bound = 1 / LuminaConfig.tiny().hidden_size ** 0.5
+    assert experts_a.abs().max() <= bound and experts_a.abs().max() > 0.9 * bound  # Kaiming-uniform, a = sqrt(5)
+    assert all(eager.get_parameter(n).abs().max() == 0 for n in names if ".lora_B" in n)
 
 
 def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from lumina.adapters import LoRAGroupedExperts, load_peft_adapter, lora_modules
 from lumina.checkpoint import load_pretrained, save_pretrained
@@ -19,6 +20,7 @@ from lumina.training.run import run
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
 from model_helpers import MIXED_TYPES, make_batch  # noqa: E402
+from test_lora import analytic_adapter_bytes  # noqa: E402
 from train_helpers import compose_train, quiet, small_data  # noqa: E402
 
 STEPS = 30
@@ -98,6 +100,9 @@ def test_the_export_is_the_merged_model_and_the_peft_adapter(lora_run, tmp_path)
     merged_text, merged_image = logits(merged)
     torch.testing.assert_close(merged_text, text, rtol=0, atol=1e-5)
     torch.testing.assert_close(merged_image, image, rtol=0, atol=1e-5)
+    with safe_open(str(export / "adapter" / "adapter_model.safetensors"), "pt") as f:
+        nbytes = sum(f.get_tensor(k).nbytes for k in f.keys())
+    assert nbytes == analytic_adapter_bytes(LuminaConfig.tiny(), 4, 4)  # rank 4, fp32
     base = load_pretrained(outputs.output_dir.parent / "base")
     load_peft_adapter(base, export / "adapter")
     assert lora_modules(base)

@@ -21,6 +21,7 @@ from dist_helpers import FEW, MANY, TEXT_THEN_IMAGE, block_pack, expert_load, ma
 from seed_strategy import SeedStrategy
 from torch.utils.data import DataLoader
 
+from lumina.adapters import LoRAGroupedExperts
 from lumina.checkpoint import save_pretrained
 from lumina.distributed import (
     AllToAllDispatcher,
@@ -444,6 +445,78 @@ def sequence_runs() -> None:
     save("sequence_runs", out)
 
 
+# ---------------------------------------------------------------- LoRA under FSDP2 + EP
+LORA = {"name": "lora", "rank": 4, "alpha": 8}
+
+
+def lora_module(hf_dir: str | None, checkpointing: str = "none"):
+    """The LoRA fine-tune every adapter run trains: rank 4 on the default targets, base from `hf_dir` (None:
+    the seed-0 init), activation checkpointing `checkpointing`."""
+    from lumina.training.module import LuminaModule
+    from lumina.training.optim import OptimConfig
+
+    torch.manual_seed(0)
+    return LuminaModule(tiny_config(gradient_checkpointing=checkpointing), init_from=hf_dir, objective=ObjectiveConfig(balance=BalanceConfig(
+        bias_update=False)), optim=OptimConfig(lr=1e-2, warmup_steps=1), adapter=dict(LORA))
+
+
+class GradRecorder(L.Callback):
+    """Per optimizer step: the names of the parameters holding a gradient."""
+
+    def __init__(self) -> None:
+        self.with_grad: list[list[str]] = []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
+        self.with_grad.append(sorted(n for n, p in module.model.named_parameters() if p.grad is not None))
+
+
+def adapter_runs(hf_dir: str) -> None:
+    """LoRA rank 4 under FSDP2 + EP=2 (rank 0 trains pack FEW, rank 1 MANY): 4 steps with a DCP checkpoint
+    every 2 and the HF export; the step-2 checkpoint resumed at EP=2 and loaded at EP=1."""
+    from lumina.training.hf_export import HFExportCallback
+
+    packs = [make_pack(FEW, seed=10), make_pack(MANY, seed=11)]
+    root = OUT / "lora"
+    grads, export, snapshots = GradRecorder(), HFExportCallback(str(root / "hf")), Recorder(at_steps=(2,))
+    module = lora_module(hf_dir)
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root / "full", 4, [grads, export, snapshots],
+            every=2).fit(
+        module, datamodule=FixedPacks(packs))
+    model = module.model
+    experts = model.moe_layers()[0].experts
+    factor = experts.lora_A["gate_proj"]
+    optimizer = module.trainer.optimizers[0]
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    ckpt = root / "full" / "ckpt" / "s2.ckpt"
+    resumed = lora_module(hf_dir)
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root / "resume", 4).fit(
+        resumed, datamodule=FixedPacks(packs), ckpt_path=str(ckpt))
+    reloaded = lora_module(hf_dir)
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=1)), root / "reload", 2).fit(
+        reloaded, datamodule=FixedPacks(packs), ckpt_path=str(ckpt))
+    checkpointed = lora_module(hf_dir, "full")
+    trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root / "checkpointed", 2).fit(
+        checkpointed, datamodule=FixedPacks(packs))
+    try:  # a checkpoint without the frozen base, resumed without the init_from that holds it
+        trainer(FSDP2ExpertParallelStrategy(ParallelConfig(ep=2)), root / "no_base", 2).fit(
+            lora_module(None), datamodule=FixedPacks(packs), ckpt_path=str(ckpt))
+        no_base_error = None
+    except ValueError as error:
+        no_base_error = str(error)
+    save("lora", {"no_base_error": no_base_error, "checkpointed_losses": checkpointed.loss_history,
+        "losses": module.loss_history, "resumed_losses": resumed.loss_history, "with_grad": grads.with_grad,
+        "adapter_names": module.adapter_names, "weights": full_state_dict(model, all_ranks=True),
+        "optimizer_params": sorted(n for n, p in model.named_parameters() if id(p) in in_optimizer),
+        "optimizer_states": len(optimizer.state), "lora_experts": isinstance(experts, LoRAGroupedExperts),
+        "factor_on_ep": (factor.device_mesh.mesh_dim_names[-1], factor.placements[-1].is_shard(0)),
+        "factor_like_base": (factor.device_mesh, factor.placements) == (experts.gate_proj.device_mesh,
+                                                                        experts.gate_proj.placements),
+        "factor_local_rows": factor.to_local().shape[0],
+        "ckpt": str(ckpt), "step2": snapshots.snapshots[2]["weights"], "reloaded_step": reloaded.trainer.global_step,
+        "reloaded_rows": reloaded.model.moe_layers()[0].experts.lora_A["gate_proj"].to_local().shape[0],
+        "reloaded": full_state_dict(reloaded.model, all_ranks=True), "export": str(root / "hf")})
+
+
 def main() -> None:
     global OUT, RANK
     scenario, OUT = sys.argv[1], Path(sys.argv[2])
@@ -461,6 +534,11 @@ def main() -> None:
         return
     if scenario == "compile":
         compiled_runs()
+        dist.destroy_process_group()
+        return
+    if scenario == "adapters":
+        adapter_runs(str(OUT / "hf_in"))
+        dist.barrier()
         dist.destroy_process_group()
         return
     if scenario == "init_from":  # one part alone, for debugging
