@@ -1,0 +1,99 @@
+"""`score_views`: the weighted log-probability sums an estimator's views stand for, through the training
+forward (`model(batch)` with labels at the scored rows: the text head's logits, the image head teacher-forced on
+the drawn codes), so a sharding strategy's hooks see an ordinary step. Each view is laid out with the samplers'
+own sequence builders, so a scored state is the one the sampler saw.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lumina.data.packing import collate_pack
+from lumina.data.roles import IGNORE_INDEX
+from lumina.data.sequence import TrainingSequence
+from lumina.data.special_tokens import SpecialTokens
+from lumina.generation.sequences import image_sequence, prompt_piece, text_sequence
+from lumina.post_training.estimators import View
+from lumina.post_training.samples import Completion
+
+
+def view_sequence(completion: Completion, view: View, tokens: SpecialTokens) -> TrainingSequence:
+    """The view as one sequence: masked slots / cells hold the mask id, labels only at the scored ones."""
+    if view.scored.shape != view.masked.shape or bool((view.scored & ~view.masked).any()):
+        raise ValueError(f"view of completion {view.sample}: scored must be a subset of masked, of one shape")
+    if completion.is_image:
+        seq, rows = image_sequence(completion.prompt.prompt, tokens)
+        codes = completion.codes.to(seq.input_ids.dtype)
+        if view.masked.shape[0] != codes.shape[0]:
+            raise ValueError(f"view of completion {view.sample}: {view.masked.shape[0]} cells, the grid has "
+                             f"{codes.shape[0]}")
+        seq.input_ids[rows[~view.masked]] = codes[~view.masked]
+        seq.labels = torch.full_like(seq.labels, IGNORE_INDEX)
+        seq.labels[rows[view.scored]] = codes[view.scored]
+        return seq
+    start, stop = completion.blocks()[view.block]
+    block = torch.tensor(completion.ids[start:stop], dtype=torch.long)
+    if view.masked.shape[0] != block.shape[0]:
+        raise ValueError(f"view of completion {view.sample}: {view.masked.shape[0]} slots, block {view.block} "
+                         f"has {block.shape[0]}")
+    shown = torch.where(view.masked, tokens.text_mask, block)
+    piece = prompt_piece(completion.prompt.prompt, tokens)
+    seq, rows = text_sequence(piece, completion.ids[:start], shown, view.block, tokens, completion.block_length)
+    seq.labels = torch.full_like(seq.labels, IGNORE_INDEX)
+    seq.labels[rows[view.scored], 0] = block[view.scored]
+    return seq
+
+
+def score_views(model: nn.Module, completions: list[Completion], views: list[View], tokens: SpecialTokens,
+                temperature: float = 1.0, pack_tokens: int = 8192) -> torch.Tensor:
+    """-> float32 [len(completions)]: per completion sum over its views of weight * sum of the scored
+    log-probabilities under softmax(logits / temperature) (an image cell's: the sum over its C codebooks).
+    Views are packed up to `pack_tokens` rows per forward (a longer view gets a pack of its own).
+    Differentiable w.r.t. the model's parameters unless called under no_grad."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}: log-probabilities need a sampling temperature > 0")
+    device = next(model.parameters()).device
+    total = torch.zeros(len(completions), dtype=torch.float32, device=device)
+    packs: list[list[tuple[View, TrainingSequence]]] = [[]]
+    used = 0
+    for view in views:
+        seq = view_sequence(completions[view.sample], view, tokens)
+        if packs[-1] and used + len(seq) > pack_tokens:
+            packs.append([])
+            used = 0
+        packs[-1].append((view, seq))
+        used += len(seq)
+    for pack in packs:
+        if pack:
+            total = total + _score_pack(model, pack, len(completions), tokens, temperature, device)
+    return total
+
+
+def _score_pack(model: nn.Module, pack: list[tuple[View, TrainingSequence]], num: int, tokens: SpecialTokens,
+                temperature: float, device: torch.device) -> torch.Tensor:
+    sequences = [seq for _, seq in pack]
+    length = sum(len(s) for s in sequences)
+    batch = collate_pack(sequences, length, tokens.pad, tokens.num_codebooks).to(device)
+    # per flat row: the completion it scores and its weight
+    owner = torch.full((length,), -1, dtype=torch.long)
+    weight = torch.zeros(length, dtype=torch.float32)
+    offset = 0
+    for view, seq in pack:
+        labelled = (seq.labels != IGNORE_INDEX).any(-1).nonzero().squeeze(1) + offset
+        owner[labelled], weight[labelled] = view.sample, view.weight
+        offset += len(seq)
+    owner, weight = owner.to(device), weight.to(device)
+    out = model(batch)
+    labels = batch.labels.reshape(length, -1)
+    heads = out.heads
+    total = torch.zeros(num, dtype=torch.float32, device=device)
+    if out.text_rows.numel():
+        logp = torch.log_softmax(heads.text_logits(out.text_states).float() / temperature, dim=-1)
+        picked = logp.gather(1, labels[out.text_rows, :1]).squeeze(1)
+        total = total.index_add(0, owner[out.text_rows], picked * weight[out.text_rows])
+    if out.image_rows.numel():
+        logp = torch.log_softmax(heads.image_logits(out.image_states).float() / temperature, dim=-1)
+        picked = logp.gather(2, labels[out.image_rows].unsqueeze(-1)).squeeze(-1).sum(1)  # over the C codebooks
+        total = total.index_add(0, owner[out.image_rows], picked * weight[out.image_rows])
+    return total
