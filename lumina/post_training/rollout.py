@@ -82,7 +82,8 @@ def rollout(model: nn.Module, prompts: list[RLPrompt], config: RolloutConfig, to
         if text:
             answers = generate_text(model, [r for *_, r in text], tokens, config.text_sampling())
             for (slot, group, p, _), answer in zip(text, answers, strict=True):
-                out[slot] = Completion(p, group, ids=list(answer.raw), block_length=config.block_length)
+                out[slot] = Completion(p, group, ids=list(answer.raw), block_length=config.block_length,
+                                       answer_ids=list(answer.ids))
         for start in range(0, len(image), config.batch_size):
             chunk = image[start:start + config.batch_size]
             trace: list[StepTrace] = []

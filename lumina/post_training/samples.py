@@ -33,13 +33,14 @@ class RLPrompt:
 class Completion:
     """One sampled answer. group: index of its prompt in the rollout batch (the G samples of a prompt share it).
     Text: `ids`, every decoded token (EOA and what follows it in its block included: what the sampler chose),
-    in blocks of `block_length`. Image: `codes` [h * w, C] in row-major cell order and `commit_step` [h * w]
+    in blocks of `block_length`; `answer_ids`, the answer the user reads (the tokens before the first EOA). Image: `codes` [h * w, C] in row-major cell order and `commit_step` [h * w]
     int64, the sampler step at which each cell was committed (its codes were drawn in that step)."""
 
     prompt: RLPrompt
     group: int
     ids: list[int] | None = None
     block_length: int = 0
+    answer_ids: list[int] | None = None
     codes: torch.Tensor | None = None
     commit_step: torch.Tensor | None = None
     reward: float = 0.0
