@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hydra
 import pytest
-import torch
 
 from lumina.data.world.dataset import cached_world_image_tokenizer, world_text_tokenizer
 from lumina.data.world.scene import ObjectSpec, render
