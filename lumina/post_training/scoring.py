@@ -6,14 +6,18 @@ own sequence builders, so a scored state is the one the sampler saw.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
+from lumina.data.batch import PackedBatch
 from lumina.data.packing import collate_pack
 from lumina.data.roles import IGNORE_INDEX
 from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.sequences import image_sequence, prompt_piece, text_sequence
+from lumina.model.output import LuminaOutput
 from lumina.post_training.estimators import View
 from lumina.post_training.samples import Completion
 
@@ -46,11 +50,13 @@ def view_sequence(completion: Completion, view: View, tokens: SpecialTokens) -> 
 
 
 def score_views(model: nn.Module, completions: list[Completion], views: list[View], tokens: SpecialTokens,
-                temperature: float = 1.0, pack_tokens: int = 8192) -> torch.Tensor:
+                temperature: float = 1.0, pack_tokens: int = 8192,
+                on_output: Callable[[LuminaOutput, PackedBatch], None] | None = None) -> torch.Tensor:
     """-> float32 [len(completions)]: per completion sum over its views of weight * sum of the scored
     log-probabilities under softmax(logits / temperature) (an image cell's: the sum over its C codebooks).
     Views are packed up to `pack_tokens` rows per forward (a longer view gets a pack of its own).
-    Differentiable w.r.t. the model's parameters unless called under no_grad."""
+    Differentiable w.r.t. the model's parameters unless called under no_grad. `on_output(output, batch)` sees
+    every forward (the training module's expert-load bookkeeping)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: log-probabilities need a sampling temperature > 0")
     device = next(model.parameters()).device
@@ -66,12 +72,12 @@ def score_views(model: nn.Module, completions: list[Completion], views: list[Vie
         used += len(seq)
     for pack in packs:
         if pack:
-            total = total + _score_pack(model, pack, len(completions), tokens, temperature, device)
+            total = total + _score_pack(model, pack, len(completions), tokens, temperature, device, on_output)
     return total
 
 
 def _score_pack(model: nn.Module, pack: list[tuple[View, TrainingSequence]], num: int, tokens: SpecialTokens,
-                temperature: float, device: torch.device) -> torch.Tensor:
+                temperature: float, device: torch.device, on_output: Callable | None) -> torch.Tensor:
     sequences = [seq for _, seq in pack]
     length = sum(len(s) for s in sequences)
     batch = collate_pack(sequences, length, tokens.pad, tokens.num_codebooks).to(device)
@@ -85,6 +91,8 @@ def _score_pack(model: nn.Module, pack: list[tuple[View, TrainingSequence]], num
         offset += len(seq)
     owner, weight = owner.to(device), weight.to(device)
     out = model(batch)
+    if on_output is not None:
+        on_output(out, batch)
     labels = batch.labels.reshape(length, -1)
     heads = out.heads
     total = torch.zeros(num, dtype=torch.float32, device=device)
