@@ -11,6 +11,6 @@ from train_helpers import compose_train, quiet, run_cli  # noqa: E402
 TINY_ROLLOUT = ["rollout.group_size=3", "rollout.prompts_per_step=2", "rollout.image_steps=3",
                 "rollout.text_length=4", "rollout.block_length=4", "rollout.text_steps=2",
                 "rollout.prompts.num_items=40", "trainer.limit_val_batches=0", "callbacks.conditioning=null",
-                "callbacks.throughput=null", "callbacks.model_summary=null", "optim.warmup_steps=0"]
+                "optim.warmup_steps=0"]
 
 __all__ = ["TINY_ROLLOUT", "compose_train", "quiet", "run_cli"]
