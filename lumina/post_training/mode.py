@@ -121,28 +121,24 @@ class PostTraining:
         return _Cycle(cycle, completions, torch.tensor([c.reward for c in completions], dtype=torch.float32))
 
     def _scorer(self, completions: list[Completion], batch: PromptBatch, cycle: int, epoch: int):
-        """model -> [N] estimates on this (cycle, epoch)'s views, text and image completions each by their
-        modality's estimator."""
-        plans = []
-        for modality in MODALITIES:
-            index = [i for i, c in enumerate(completions) if c.is_image == (modality == "image")]
-            if not index:
-                continue
-            if modality not in self.estimators:
+        """model -> [N] estimates on this (cycle, epoch)'s views: each completion's views drawn by its
+        modality's estimator from its own stream (seed, cycle, epoch, completion key), so a completion's masks
+        do not depend on which others share its rank or batch."""
+        views = []
+        for i, c in enumerate(completions):
+            modality = "image" if c.is_image else "text"
+            estimator = self.estimators.get(modality)
+            if estimator is None:
                 raise ValueError(f"objective.post_training.estimators.{modality}: no estimator for the "
-                                 f"{modality} answers of task {completions[index[0]].prompt.task!r}")
-            part = [completions[i] for i in index]
-            generator = torch.Generator().manual_seed(stable_seed(self.config.seed, "views", cycle, epoch, modality))
-            plans.append((index, part, self.estimators[modality].plan(part, generator)))
+                                 f"{modality} answers of task {c.prompt.task!r}")
+            generator = torch.Generator().manual_seed(stable_seed(self.config.seed, "views", cycle, epoch, c.key))
+            for view in estimator.plan([c], generator):
+                view.sample = i
+                views.append(view)
 
         def score(model: nn.Module, on_output: Callable | None) -> torch.Tensor:
-            device = next(model.parameters()).device
-            out = torch.zeros(len(completions), dtype=torch.float32, device=device)
-            for index, part, views in plans:
-                values = score_views(model, part, views, batch.tokens, self.rollout_config.temperature,
-                                     self.config.pack_tokens, on_output)
-                out = out.index_copy(0, torch.tensor(index, device=device), values)
-            return out
+            return score_views(model, completions, views, batch.tokens, self.rollout_config.temperature,
+                               self.config.pack_tokens, on_output)
 
         return score
 

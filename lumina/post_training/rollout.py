@@ -19,6 +19,7 @@ from torch import nn
 from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import StepTrace, generate_images
+from lumina.generation.sync import max_over_ranks, model_device
 from lumina.generation.text import generate_text
 from lumina.post_training.samples import Completion, RLPrompt
 
@@ -79,18 +80,20 @@ def rollout(model: nn.Module, prompts: list[RLPrompt], config: RolloutConfig, to
             for j in range(config.group_size):
                 request = dataclasses.replace(p.prompt, key=sample_key(p.prompt.key, step, j))
                 (image if p.is_image else text).append((i * config.group_size + j, i, p, request))
-        if text:
-            answers = generate_text(model, [r for *_, r in text], tokens, config.text_sampling())
-            for (slot, group, p, _), answer in zip(text, answers, strict=True):
-                out[slot] = Completion(p, group, ids=list(answer.raw), block_length=config.block_length,
-                                       answer_ids=list(answer.ids))
-        for start in range(0, len(image), config.batch_size):
+        # every rank calls each sampler the same number of times (with nothing, it runs dummies in lockstep)
+        answers = generate_text(model, [r for *_, r in text], tokens, config.text_sampling())
+        for (slot, group, p, request), answer in zip(text, answers, strict=True):
+            out[slot] = Completion(p, group, key=str(request.key), ids=list(answer.raw),
+                                   block_length=config.block_length, answer_ids=list(answer.ids))
+        chunks = max_over_ranks(-(-len(image) // config.batch_size), model_device(model))
+        for start in range(0, chunks * config.batch_size, config.batch_size):
             chunk = image[start:start + config.batch_size]
             trace: list[StepTrace] = []
-            answers = generate_images(model, [r for *_, r in chunk], tokens, config.image_sampling(len(chunk)),
-                                      trace)
-            for k, ((slot, group, p, _), answer) in enumerate(zip(chunk, answers, strict=True)):
-                out[slot] = Completion(p, group, codes=answer.codes, commit_step=commit_steps(trace, k))
+            answers = generate_images(model, [r for *_, r in chunk], tokens,
+                                      config.image_sampling(max(len(chunk), 1)), trace)
+            for k, ((slot, group, p, request), answer) in enumerate(zip(chunk, answers, strict=True)):
+                out[slot] = Completion(p, group, key=str(request.key), codes=answer.codes,
+                                       commit_step=commit_steps(trace, k))
         return out
     finally:
         model.train(was_training)

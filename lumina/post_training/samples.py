@@ -31,13 +31,15 @@ class RLPrompt:
 
 @dataclass
 class Completion:
-    """One sampled answer. group: index of its prompt in the rollout batch (the G samples of a prompt share it).
+    """One sampled answer. group: index of its prompt in the rollout batch (the G samples of a prompt share it);
+    key: its random stream's key (unique per prompt, step and sample; seeds its views too).
     Text: `ids`, every decoded token (EOA and what follows it in its block included: what the sampler chose),
     in blocks of `block_length`; `answer_ids`, the answer the user reads (the tokens before the first EOA). Image: `codes` [h * w, C] in row-major cell order and `commit_step` [h * w]
     int64, the sampler step at which each cell was committed (its codes were drawn in that step)."""
 
     prompt: RLPrompt
     group: int
+    key: str = ""
     ids: list[int] | None = None
     block_length: int = 0
     answer_ids: list[int] | None = None

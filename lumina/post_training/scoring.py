@@ -14,9 +14,11 @@ from torch import nn
 from lumina.data.batch import PackedBatch
 from lumina.data.packing import collate_pack
 from lumina.data.roles import IGNORE_INDEX
+from lumina.data.schema import Text
 from lumina.data.sequence import TrainingSequence
 from lumina.data.special_tokens import SpecialTokens
-from lumina.generation.sequences import image_sequence, prompt_piece, text_sequence
+from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, text_sequence
+from lumina.generation.sync import max_over_ranks
 from lumina.model.output import LuminaOutput
 from lumina.post_training.estimators import View
 from lumina.post_training.samples import Completion
@@ -61,7 +63,7 @@ def score_views(model: nn.Module, completions: list[Completion], views: list[Vie
         raise ValueError(f"temperature={temperature}: log-probabilities need a sampling temperature > 0")
     device = next(model.parameters()).device
     total = torch.zeros(len(completions), dtype=torch.float32, device=device)
-    packs: list[list[tuple[View, TrainingSequence]]] = [[]]
+    packs: list[list[tuple[View | None, TrainingSequence]]] = [[]]
     used = 0
     for view in views:
         seq = view_sequence(completions[view.sample], view, tokens)
@@ -70,10 +72,21 @@ def score_views(model: nn.Module, completions: list[Completion], views: list[Vie
             used = 0
         packs[-1].append((view, seq))
         used += len(seq)
-    for pack in packs:
-        if pack:
-            total = total + _score_pack(model, pack, len(completions), tokens, temperature, device, on_output)
+    packs = [p for p in packs if p]
+    # under expert parallelism every rank must run the same forwards: a rank with fewer packs scores a dummy one
+    for index in range(max_over_ranks(len(packs), device)):
+        pack = packs[index] if index < len(packs) else [(None, _dummy_sequence(tokens))]
+        total = total + _score_pack(model, pack, len(completions), tokens, temperature, device, on_output)
     return total
+
+
+def _dummy_sequence(tokens: SpecialTokens) -> TrainingSequence:
+    """An empty prompt and one masked answer slot labelled 0: a forward whose score counts with weight 0."""
+    piece = prompt_piece(Prompt([Text([])], key="dummy"), tokens)
+    seq, rows = text_sequence(piece, [], torch.tensor([tokens.text_mask]), 0, tokens, 1)
+    seq.labels = torch.full_like(seq.labels, IGNORE_INDEX)
+    seq.labels[rows, 0] = 0
+    return seq
 
 
 def _score_pack(model: nn.Module, pack: list[tuple[View, TrainingSequence]], num: int, tokens: SpecialTokens,
@@ -87,8 +100,10 @@ def _score_pack(model: nn.Module, pack: list[tuple[View, TrainingSequence]], num
     offset = 0
     for view, seq in pack:
         labelled = (seq.labels != IGNORE_INDEX).any(-1).nonzero().squeeze(1) + offset
-        owner[labelled], weight[labelled] = view.sample, view.weight
+        if view is not None:  # a dummy row keeps owner 0 and weight 0
+            owner[labelled], weight[labelled] = view.sample, view.weight
         offset += len(seq)
+    owner = owner.clamp(min=0)
     owner, weight = owner.to(device), weight.to(device)
     out = model(batch)
     if on_output is not None:
@@ -96,12 +111,10 @@ def _score_pack(model: nn.Module, pack: list[tuple[View, TrainingSequence]], num
     labels = batch.labels.reshape(length, -1)
     heads = out.heads
     total = torch.zeros(num, dtype=torch.float32, device=device)
-    if out.text_rows.numel():
-        logp = torch.log_softmax(heads.text_logits(out.text_states).float() / temperature, dim=-1)
-        picked = logp.gather(1, labels[out.text_rows, :1]).squeeze(1)
-        total = total.index_add(0, owner[out.text_rows], picked * weight[out.text_rows])
-    if out.image_rows.numel():
-        logp = torch.log_softmax(heads.image_logits(out.image_states).float() / temperature, dim=-1)
-        picked = logp.gather(2, labels[out.image_rows].unsqueeze(-1)).squeeze(-1).sum(1)  # over the C codebooks
-        total = total.index_add(0, owner[out.image_rows], picked * weight[out.image_rows])
-    return total
+    # both heads always run (on possibly empty rows), so every rank's backward reaches the same modules
+    logp = torch.log_softmax(heads.text_logits(out.text_states).float() / temperature, dim=-1)
+    picked = logp.gather(1, labels[out.text_rows, :1]).squeeze(1)
+    total = total.index_add(0, owner[out.text_rows], picked * weight[out.text_rows])
+    logp = torch.log_softmax(heads.image_logits(out.image_states).float() / temperature, dim=-1)
+    picked = logp.gather(2, labels[out.image_rows].unsqueeze(-1)).squeeze(-1).sum(1)  # over the C codebooks
+    return total.index_add(0, owner[out.image_rows], picked * weight[out.image_rows])
