@@ -62,8 +62,8 @@ def test_grpo_k3_kl_to_the_reference():
     assert term.needs_reference()
     out = term(inputs)
     k3 = math.exp(0.2) - 0.2 - 1
-    assert out.metrics["kl"].item() == pytest.approx(k3 / 4, rel=1e-5)
-    assert out.loss.item() == pytest.approx(0.5 * k3 / 4, rel=1e-5)
+    assert out.metrics["kl"].item() == pytest.approx(k3 / 8, rel=1e-5)  # over every completion
+    assert out.loss.item() == pytest.approx(0.5 * k3 / 8, rel=1e-5)
     with pytest.raises(ValueError, match="ref_logp"):
         term(_inputs())
 

@@ -2,11 +2,11 @@
 
     A_i = r_i - mean_group(r)                    (/ std_group(r) with scale_std; off by default, as d1)
     rho_i = exp(l_i - l_old_i)                   (1 at inner epoch 0: l_old is l detached)
-    loss = - mean_kept min(rho A, clip(rho, 1 - eps, 1 + eps) A) + kl_coef * mean_kept k3
+    loss = - mean_kept min(rho A, clip(rho, 1 - eps, 1 + eps) A) + kl_coef * mean_all k3
     k3 = exp(l_ref - l) - (l_ref - l) - 1        (only with kl_coef > 0: then a frozen reference is kept)
 
 Kept: completions of groups whose rewards differ (a zero-variance group has A = 0 everywhere). Metrics:
-clip_fraction (share of kept completions on the clipped branch), kl (mean k3 over kept completions),
+clip_fraction (share of kept completions on the clipped branch), kl (mean k3 over all completions),
 zero_variance_share (share of groups dropped).
 """
 
@@ -60,9 +60,9 @@ class GRPO(LossTerm):
             if inputs.ref_logp is None:
                 raise ValueError("grpo: kl_coef > 0 needs the reference's log-likelihoods (ref_logp)")
             delta = inputs.ref_logp / inputs.num_tokens - logp
-            k3 = torch.where(keep, torch.exp(delta) - delta - 1, zero)
-            loss = loss + self.kl_coef * global_mean(k3, kept, inputs.group)
-            metrics["kl"] = global_ratio(k3.sum(), kept, device, inputs.group)
+            k3 = torch.exp(delta) - delta - 1
+            loss = loss + self.kl_coef * global_mean(k3, len(k3), inputs.group)
+            metrics["kl"] = global_ratio(k3.sum(), len(k3), device, inputs.group)
         on_clip = (clipped * advantage < ratio * advantage).detach() & keep
         kept_groups = torch.unique(inputs.groups.to(device)[keep]).numel()
         metrics["clip_fraction"] = global_ratio(on_clip.sum(), kept, device, inputs.group)
