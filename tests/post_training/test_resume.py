@@ -16,7 +16,7 @@ COMMON = ["objective=grpo", "objective.post_training.term.kl_coef=0.5", "logger=
           "callbacks.checkpoint.every_n_train_steps=2", "callbacks.progress_bar=null",
           "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "optim.lr=3e-3",
           "optim.decay_steps=4",
-          "rollout.prompts.mix={t2i: 1.0, text_qa: 1.0}", "~reward",
+          "rollout.prompts.mix={t2i: 1.0, edit: 0.0, vqa: 0.0, text_qa: 1.0}", "~reward",
           "+reward.t2i={_target_: toy_rewards.low_codes, _partial_: true}",
           "+reward.text_qa={_target_: toy_rewards.short_answer, _partial_: true}", *TINY_ROLLOUT]
 
