@@ -48,9 +48,8 @@ def test_two_plus_two_steps_equal_four_steps(tmp_path):
     for key in ("train/loss", "rl/kl", "rl/t2i/reward", "rl/text_qa/reward", "rl/t2i/reward_spread"):
         want, got = _logged(straight, key), _logged(resumed, key)
         assert sorted(want) == [0, 1, 2, 3] and got == want, key
-    # rollouts differ from step to step; the reference stays the starting weights (KL 0 only at step 0)
-    assert len(set(_logged(straight, "rl/t2i/reward").values())) == 4
+    # the policy moves and the reference stays the starting weights: KL 0 only at step 0, then growing apart
     kl = _logged(straight, "rl/kl")
-    assert kl[0] == 0 and all(kl[s] > 0 for s in (1, 2, 3))
+    assert kl[0] == 0 and all(kl[s] > 0 for s in (1, 2, 3)) and len(set(kl.values())) == 4
     w_straight, w_resumed = _weights(straight), _weights(resumed)
     assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
