@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lumina.data.noise import stable_seed
+from lumina.objective.reduce import dp_sum
 from lumina.post_training.estimators import MODALITIES, LikelihoodEstimator, build_estimator
 from lumina.post_training.losses import LossInputs, LossTerm, build_loss_term, global_ratio
 from lumina.post_training.prompts import PromptBatch
@@ -146,10 +147,13 @@ class PostTraining:
 def rollout_metrics(completions: list[Completion], rewards: torch.Tensor, tasks: tuple[str, ...],
                     device: torch.device, group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
     """Per task, global over the ranks: reward mean, reward spread (mean within-group std), pass@G (share of
-    groups with a completion whose reward reaches PASS_REWARD); text tasks: generated length (answer tokens)."""
+    groups with a completion whose reward reaches PASS_REWARD); text tasks: generated length (answer tokens).
+    A task no rank rolled out this step logs nothing (not a 0 that would read as a failure)."""
     metrics = {}
     for task in tasks:
         members = [i for i, c in enumerate(completions) if c.prompt.task == task]
+        if float(dp_sum(torch.tensor([float(len(members))], dtype=torch.float64, device=device), group)[0]) == 0:
+            continue
         r = rewards[members].double()
         groups: dict[int, list[float]] = {}
         for i in members:
