@@ -39,10 +39,12 @@ class ImageAnswer:
 
 @dataclass
 class StepTrace:
-    """What one step did, per prompt: cells committed so far and the guided hidden states [n_masked, H]."""
+    """What one step did, per prompt: cells committed so far, the guided hidden states [n_masked, H] and the
+    cells still masked after the step (bool [h * w]; which cells a step committed, for trajectory replay)."""
 
     committed: list[int]
     guided: list[torch.Tensor] | None = None
+    masked: list[torch.Tensor] | None = None
 
 
 @torch.no_grad()
@@ -139,7 +141,7 @@ def _generate_batch(model: nn.Module, forward: SamplerForward, prompts: list[Pro
                 batch.input_ids[0, rows_of_branch[i]] = codes[i]
         if trace is not None:
             trace.append(StepTrace([n - int(m.sum()) for n, m in zip(num_cells, masked, strict=True)],
-                                   [g.cpu() for g in guided]))
+                                   [g.cpu() for g in guided], [m.cpu() for m in masked]))
     return codes
 
 

@@ -47,6 +47,9 @@ class ObjectiveConfig:
                     ELBO weight at the row's noise time t; N_txt = text answer tokens, masked or not).
     validate:       with inverse_t, check noise_t > 0 and answer_mask at the supervised text rows (one host
                     sync per call). The labels themselves are checked once, by the model's forward.
+    post_training:  None (supervised training) or the options of the post-training mode that replaces the
+                    supervised loss (`lumina.post_training.mode.PostTrainingConfig`: loss term by name,
+                    estimators, inner epochs; conf/objective/grpo.yaml and its siblings).
     """
 
     text_weight: float = 1.0
@@ -54,6 +57,7 @@ class ObjectiveConfig:
     text_weighting: str = "none"
     balance: BalanceConfig = field(default_factory=BalanceConfig)
     validate: bool = True
+    post_training: dict | None = None
 
     def __post_init__(self) -> None:
         _check_non_negative("text_weight", self.text_weight)
@@ -65,6 +69,8 @@ class ObjectiveConfig:
             self.balance = BalanceConfig(**dict(self.balance))
         if not isinstance(self.balance, BalanceConfig):
             raise ValueError(f"ObjectiveConfig.balance={self.balance!r}: expected a BalanceConfig or a mapping")
+        if self.post_training is not None and not isinstance(self.post_training, Mapping):
+            raise ValueError(f"ObjectiveConfig.post_training={self.post_training!r}: expected a mapping or None")
 
 
 def _check_non_negative(name: str, value: float) -> None:

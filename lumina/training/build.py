@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from lumina.model.config import LuminaConfig
 from lumina.objective import ObjectiveConfig
+from lumina.post_training.mode import PostTraining, build_post_training
+from lumina.post_training.prompts import PromptDataModule
 from lumina.training.data_factory import build_datamodule
 from lumina.training.errors import ConfigError
 from lumina.training.module import LuminaModule
@@ -75,7 +77,19 @@ def module(cfg: DictConfig) -> LuminaModule:
     return LuminaModule(model_config(cfg), objective=objective, optim=optim,
                         init_from=cfg.model.get("init_from"), freeze=model_freeze(cfg),
                         meta_init=bool(cfg.model.get("meta_init", False)), compile=model_compile(cfg),
-                        adapter=plain(cfg.get("adapter")))
+                        adapter=plain(cfg.get("adapter")), post_training=post_training(cfg, objective))
+
+
+def post_training(cfg: DictConfig, objective: ObjectiveConfig) -> PostTraining | None:
+    """The post-training mode `objective.post_training` asks for (rollout and reward groups), else None."""
+    if objective.post_training is None:
+        return None
+    rewards = hydra.utils.instantiate(cfg.get("reward")) if cfg.get("reward") is not None else None
+    try:
+        return build_post_training(dict(objective.post_training), plain(cfg.get("rollout")),
+                                   None if rewards is None else dict(rewards))
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
 
 
 def model_freeze(cfg: DictConfig) -> list[str]:
@@ -97,7 +111,13 @@ def model_compile(cfg: DictConfig) -> bool:
 
 
 def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
-    """The data module, its first epoch planned now so that data errors surface before training starts."""
+    """The data module, its first epoch planned now so that data errors surface before training starts; in the
+    post-training mode the prompts of `rollout.prompts` instead."""
+    if cfg.objective.get("post_training") is not None:
+        rollout = plain(cfg.rollout)
+        dm = PromptDataModule(rollout["prompts_per_step"], **rollout.get("prompts", {}))
+        dm.setup("fit")
+        return dm
     dm = build_datamodule(plain(cfg.data), model_cfg)
     dm.schedule.plan()
     return dm

@@ -8,6 +8,7 @@ text / per-codebook accuracy, peak memory: the max over ranks).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import random
@@ -28,8 +29,9 @@ from lumina.model import LuminaModel
 from lumina.model.checkpointing import apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.model.config import LuminaConfig
-from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult
+from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult, expert_load
 from lumina.objective.held_out import scored_targets
+from lumina.post_training.mode import PostTraining
 from lumina.training.memory import peak_memory_gib
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler
@@ -48,7 +50,7 @@ class LuminaModule(L.LightningModule):
     def __init__(self, model_config: LuminaConfig, objective: ObjectiveConfig | None = None,
                  optim: OptimConfig | None = None, init_from: str | None = None,
                  freeze: Sequence[str] = (), meta_init: bool = False, compile: bool = False,
-                 adapter: dict[str, Any] | None = None) -> None:
+                 adapter: dict[str, Any] | None = None, post_training: PostTraining | None = None) -> None:
         super().__init__()
         self.model_config = model_config
         self.optim_config = optim or OptimConfig()
@@ -85,6 +87,11 @@ class LuminaModule(L.LightningModule):
         self._expert_load_accum: torch.Tensor | None = None
         self.loss_history: list[float] = []  # train/loss per optimizer step (this process)
         self._resumed_rng: dict[str, Any] | None = None  # a checkpoint's RNG state, until the next train batch
+        # post-training mode (objective.post_training): rollouts + a loss term instead of the supervised loss;
+        # `reference` is a frozen copy of the starting weights when its loss term reads one (in checkpoints)
+        self.post_training = post_training
+        self.reference: torch.nn.Module | None = None
+        self._rl_sums: dict[str, torch.Tensor] = {}
 
     # ---- model ----
     def configure_model(self) -> None:
@@ -111,6 +118,11 @@ class LuminaModule(L.LightningModule):
         if self.compile:  # after checkpointing, before the strategy shards the layers
             apply_compile(model)
         self.model = model
+        if self.post_training is not None and self.post_training.needs_reference():
+            if strategy_inits:
+                raise ValueError("objective.post_training: a loss term with a reference model under a sharding "
+                                 "strategy (strategy=fsdp_ep) is not supported yet; train on one device")
+            self.reference = frozen_copy(model)
 
     def forward(self, batch: PackedBatch):
         return self.model(batch)
@@ -128,6 +140,8 @@ class LuminaModule(L.LightningModule):
         return self.objective(self.model(batch), batch)
 
     def training_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
+        if self.post_training is not None:
+            return self._post_training_step(batch, batch_idx)
         result = self._objective(batch)
         self.train_acc.update(result.text_preds, result.text_targets, result.image_preds, result.image_targets)
         self._accumulate(result, batch)
@@ -199,6 +213,9 @@ class LuminaModule(L.LightningModule):
         if not self.step_completed:
             return
         self.step_completed = False
+        if self.post_training is not None:
+            self._log_post_training_step()
+            return
         elapsed = time.perf_counter() - (self._step_t0 or time.perf_counter())
         sums, micro = self._step_sums, self._step_micro
         self._step_sums, self._step_micro, self._step_t0 = {}, 0, None
@@ -228,6 +245,39 @@ class LuminaModule(L.LightningModule):
             if sums["text_tokens" if name == "text_acc" else "image_tokens"] > 0:
                 scalars[f"train/{name}"] = value.item()
         self.train_acc.reset()
+        self.log_dict(scalars, on_step=True, on_epoch=False, batch_size=1)
+        self.log("loss", loss, prog_bar=True, logger=False, on_step=True, batch_size=1)
+
+    # ---- post-training mode (lumina.post_training) ----
+    def _post_training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        micro = batch_idx % self.trainer.accumulate_grad_batches
+        loss, metrics = self.post_training.step(self.model, self.reference, batch, self.global_step, micro,
+                                                group=self.objective.group, on_output=self._post_training_output)
+        for key, value in {"loss": loss.detach(), **metrics}.items():
+            value = value.detach().to(torch.float64)
+            self._rl_sums[key] = self._rl_sums[key] + value if key in self._rl_sums else value
+        self._step_micro += 1
+        return loss
+
+    def _post_training_output(self, output: Any, batch: PackedBatch) -> None:
+        """Every scoring forward's expert load: the expert-usage logging and, if asked, the expert-bias update."""
+        num_experts = output.router_logits[0].shape[-1] if output.router_logits else 0
+        load = expert_load(output.router_topk_ids, batch.token_valid, num_experts)
+        if self.objective.config.balance.bias_update:
+            self.objective.bias_updater.accumulate(load)
+        load = load.detach().to(torch.float64)
+        self._expert_load_accum = load if self._expert_load_accum is None else self._expert_load_accum + load
+
+    def _log_post_training_step(self) -> None:
+        sums, micro = self._rl_sums, self._step_micro
+        self._rl_sums, self._step_micro, self._step_t0 = {}, 0, None
+        # the loss is this rank's share (the ranks' mean is the global loss); the metrics are already global
+        loss = self.trainer.strategy.reduce(sums.pop("loss") / micro, reduce_op="mean").item()
+        self.loss_history.append(loss)
+        scalars = {"train/loss": loss, "train/lr": self._step_lr, "train/peak_mem_gib": self._peak_mem_gib()}
+        if self._grad_norm is not None:
+            scalars["train/grad_norm"] = self._grad_norm.item()
+        scalars.update({f"rl/{key}": (value / micro).item() for key, value in sums.items()})
         self.log_dict(scalars, on_step=True, on_epoch=False, batch_size=1)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, batch_size=1)
 
@@ -261,6 +311,13 @@ class LuminaModule(L.LightningModule):
             if trained != now:
                 raise ValueError(f"model.config.{field}={now!r}: the checkpoint was trained with {trained!r}; "
                                  f"resume with model.config.{field}={trained}")
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with every parameter frozen, in eval mode (a post-training reference)."""
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    return reference.eval()
 
 
 def build_adapter(config: dict[str, Any]) -> Adapter:

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary import ModelSummary
 
+from lumina.data.batch import PackedBatch
 from lumina.model.config import LuminaConfig
 from lumina.model.dtypes import FLOAT_DTYPES
 from lumina.model.flops import batch_flops, nominal_attention_pairs, training_flops
@@ -94,13 +95,15 @@ class ThroughputCallback(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        if not isinstance(batch, PackedBatch):  # a post-training step (rollouts + scoring) is no pack: uncounted
+            return
         if self._t0 is None:
             self._t0 = time.perf_counter()
         self._flops += batch_flops(pl_module.model_config, batch, _attn_backend(pl_module))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if not getattr(pl_module, "step_completed", False):
+        if not getattr(pl_module, "step_completed", False) or not isinstance(batch, PackedBatch):
             return
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
