@@ -26,6 +26,6 @@ def detach_empty_outputs(modules: dict[str, nn.Module]) -> list[RemovableHandle]
 
 
 class SeedStrategy(FSDP2ExpertParallelStrategy):
-    def parallelize_model(self, model: nn.Module, init_from: str | None = None):  # noqa: ANN201
+    def parallelize_model(self, model: nn.Module, init_from: str | None = None, adapter=()):  # noqa: ANN001, ANN201
         detach_empty_outputs(tracked_modules(model.conditional_modules()))  # before FSDP's hooks
-        return super().parallelize_model(model, init_from)
+        return super().parallelize_model(model, init_from, adapter)

@@ -21,7 +21,7 @@ def test_hydra_instantiates_nested_balance() -> None:
     assert dataclasses.asdict(cfg) == {"text_weight": 0.5, "image_weight": 1.0, "text_weighting": "inverse_t",
                              "balance": {"aux_coef": 0.001, "aux_scope": "sequence", "p_source": "softmax",
                                          "bias_update": False, "bias_rate": 0.002, "selection_noise": 0.03},
-                             "validate": True}
+                             "validate": True, "post_training": None}
 
 
 @pytest.mark.parametrize("kwargs,field", [
