@@ -25,9 +25,10 @@ def current_rss_gib() -> float:
 @needs_proc
 def test_cpu_peak_covers_a_fresh_allocation() -> None:
     before = current_rss_gib()
-    block = torch.ones(2**24)  # 64 MiB of written float32 pages on top of the current RSS
+    block = torch.ones(2**26)  # 256 MiB of written float32 pages on top of the current RSS
     peak = peak_memory_gib(torch.device("cpu"))
-    assert peak >= before + 48 / 1024, (peak, before)  # 16 MiB slack for anything freed meanwhile
+    # 64 MiB slack: the kernel folds per-thread RSS counts into the peak lazily, and other pages may be freed
+    assert peak >= before + 192 / 1024, (peak, before)
     assert block[-1] == 1
 
 

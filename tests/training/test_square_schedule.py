@@ -94,12 +94,13 @@ def test_the_official_layout_refuses_the_square_schedule(tmp_path):
 
 
 def _masked_before_each_step(model, tokens, block: int, steps: int) -> list[int]:
-    """Masked slots of a one-block answer before each text-sampler step (the block ends the pack)."""
+    """Masked slots of a one-block answer before each text-sampler step (the block ends the pack; the full
+    forward, `cache=False`, so each step's pack holds the whole sequence)."""
     seen, real = [], model.backbone
     model.backbone = lambda batch: (seen.append(int((batch.input_ids[0, -block:, 0] == tokens.text_mask).sum())),
                                     real(batch))[1]
     generate_text(model, [Prompt([Text([20])], key=0)], tokens,
-                  TextSamplingConfig(gen_length=block, block_length=block, steps=steps))
+                  TextSamplingConfig(gen_length=block, block_length=block, steps=steps, cache=False))
     del model.backbone
     return seen
 
