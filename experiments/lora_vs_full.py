@@ -60,7 +60,7 @@ def summarise(run_dir: Path, seconds: float) -> dict:
 
 def base_mix(task: str) -> str:
     """The world's default task mix without `task`, as a Hydra dict override."""
-    from lumina.data.world.tasks import DEFAULT_TASK_MIX
+    from lumina.world.tasks import DEFAULT_TASK_MIX
 
     return "{" + ", ".join(f"{t}: {w}" for t, w in DEFAULT_TASK_MIX.items() if t != task) + "}"
 
@@ -68,7 +68,7 @@ def base_mix(task: str) -> str:
 def write_world(directory: Path, split: str, count: int, task: str) -> None:
     """`count` samples of `task` alone from the built-in world's `split` (world seed 7) as Parquet shards, with
     the world's tokenizers (those of the base checkpoint), as `lumina-data world` writes them."""
-    from lumina.data.world.dataset import build_world
+    from lumina.world.dataset import build_world
 
     world = build_world(split, count, seed=7, mix={task: 1.0})
     directory.mkdir(parents=True)

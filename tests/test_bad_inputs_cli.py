@@ -38,8 +38,8 @@ BROKEN_LINE = PROMPT + '\n{"prompt": 1\n'  # line 2 is cut short
 def make_checkpoint(directory: Path) -> None:
     """A tiny HF checkpoint of seven shards carrying the built-in world's tokenizer.json."""
     from lumina.checkpoint import save_pretrained
-    from lumina.data.world.dataset import world_text_tokenizer
     from lumina.model import LuminaConfig, LuminaModel
+    from lumina.world.dataset import world_text_tokenizer
 
     torch.manual_seed(0)
     save_pretrained(LuminaModel(LuminaConfig.tiny()), directory, max_shard_size="1MB")
@@ -223,8 +223,8 @@ def digests(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
     """The good inputs every case copies: a tiny checkpoint and a picture of the built-in world."""
-    from lumina.data.world.scene import ObjectSpec, render
-    from lumina.generation.world_eval import save_png
+    from lumina.world.evaluation import save_png
+    from lumina.world.scene import ObjectSpec, render
 
     root = tmp_path_factory.mktemp("good")
     make_checkpoint(root / "ck")

@@ -33,7 +33,7 @@ import torch
 from timing import interleaved_medians, synced
 
 from lumina.attention import attend, build_spec, register_attend_hook
-from lumina.data import PackedBatch
+from lumina.contract import PackedBatch
 
 MIX = (1210, 806, 512, 431, 301, 260, 198, 150, 118, 60, 50)  # realistic mix, sums to 4096 with 0 tail
 

@@ -125,8 +125,8 @@ def synthetic_variants(n: int, seed: int = 0, dtype=np.uint16) -> np.ndarray:  #
 
 
 def start_now(n: int, seq_len: int) -> dict:
+    from lumina.data.epoch_plan import plan_epoch
     from lumina.data.noise import NoiseConfig, dropout_lengths
-    from lumina.data.plan import plan_epoch
 
     stored = synthetic_variants(n)
     hashes = np.random.default_rng(1).integers(0, 2**63, n).astype(np.uint64)  # what id_hashes gave at load
@@ -234,7 +234,7 @@ class ArraySource:
     """A source as the mixture sees one: stored lengths [n, 4] uint16 and id hashes, no payloads."""
 
     def __init__(self, n: int, seed: int) -> None:
-        from lumina.data.special_tokens import SpecialTokens
+        from lumina.contract.special_tokens import SpecialTokens
 
         self.tokens = SpecialTokens.official()
         self._lengths = synthetic_variants(n, seed)
@@ -281,9 +281,9 @@ def mixture_draw_before(mixture, epoch: int) -> tuple[np.ndarray, np.ndarray]:  
 
 
 def start_mixture(path: str, n: int, seq_len: int) -> dict:
+    from lumina.data.epoch_plan import plan_epoch
     from lumina.data.mixture import MixturePlan
     from lumina.data.noise import NoiseConfig, dropout_lengths
-    from lumina.data.plan import plan_epoch
 
     sources = {name: ArraySource(int(f * n), seed) for seed, (name, f) in enumerate(MIX_SIZES.items())}
     mixture = MixturePlan(sources, MIX_WEIGHTS, seed=0, samples_per_epoch=n)
@@ -349,7 +349,7 @@ def fill_section(world_samples: int) -> None:
     from lumina.data.noise import NoiseConfig
     from lumina.data.packing import best_fit
     from lumina.data.sources import LayoutSource
-    from lumina.data.world.dataset import build_world
+    from lumina.world.dataset import build_world
 
     world = build_world("train", num_samples=world_samples, seed=0)
     cases = [("built-in world", LayoutSource(world.dataset, NoiseConfig(), seed=0).lengths(0).tolist()),

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_memory import SMALL_CONFIG  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
-from lumina.data.schema import Media, Text  # noqa: E402
-from lumina.data.special_tokens import SpecialTokens  # noqa: E402
+from lumina.contract.schema import Media, Text  # noqa: E402
+from lumina.contract.special_tokens import SpecialTokens  # noqa: E402
 from lumina.generation import ImageSamplingConfig, Prompt, TextSamplingConfig, generate_images, generate_text  # noqa: E402
 from lumina.model import LuminaModel  # noqa: E402
 from lumina.model.config import LuminaConfig  # noqa: E402

@@ -46,13 +46,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "data"))
 from pixel_helpers import write_pictures  # noqa: E402
 
-from lumina.data.assets import save_assets  # noqa: E402
-from lumina.data.build import build_shards  # noqa: E402
-from lumina.data.fit_tokenizer import fit_on_files  # noqa: E402
-from lumina.data.ingest import FrameReader, PixelEncoder  # noqa: E402
-from lumina.data.pixels import Preparation  # noqa: E402
-from lumina.data.special_tokens import SpecialTokens  # noqa: E402
-from lumina.data.tokenizers.image_rvq import RVQSettings  # noqa: E402
+from lumina.contract.special_tokens import SpecialTokens  # noqa: E402
+from lumina.data.dataset_assets import save_assets  # noqa: E402
+from lumina.ingest.build_shards import build_shards  # noqa: E402
+from lumina.ingest.encode import FrameReader, PixelEncoder  # noqa: E402
+from lumina.ingest.fit_tokenizer import fit_on_files  # noqa: E402
+from lumina.tokenizers.pixels import Preparation  # noqa: E402
+from lumina.tokenizers.rvq_quantizer import RVQSettings  # noqa: E402
 
 SETTINGS = RVQSettings(patch_size=4, codebook_size=64, num_codebooks=4, kmeans_iters=10, seed=0)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from timing import median_seconds
 
-from lumina.data.layout import laid_out_length, layout_sample
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.noise import NoiseConfig
-from lumina.data.schema import Media, Sample, Text, Turn
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.sequence_layout import laid_out_length, layout_sample
 
 
 def baseline(reference: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from timing import interleaved_medians
 from torch import nn
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaOutput
 from lumina.model.heads import Head, LuminaHeads
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig

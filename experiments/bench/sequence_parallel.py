@@ -55,10 +55,10 @@ def rank_main(args: argparse.Namespace) -> None:
     from step_memory import SMALL_CONFIG, measure_step, pack_rows, policy_fields, world_pack
 
     from lumina.distributed import ParallelConfig, build_meshes, parallelize
-    from lumina.distributed.plan import OFFICIAL_PLAN
-    from lumina.distributed.sequence import SequenceShard, UlyssesAttention
+    from lumina.distributed.parallel_plan import OFFICIAL_PLAN
+    from lumina.distributed.sequence_parallel import SequenceShard, UlyssesAttention
     from lumina.model import LuminaConfig, LuminaModel
-    from lumina.model.checkpointing import apply_checkpointing
+    from lumina.model.activation_checkpointing import apply_checkpointing
     from lumina.objective import LuminaObjective
 
     torch.set_num_threads(1)

@@ -145,8 +145,8 @@ def world_pack(seq_len: int, num_codebooks: int = 8, seed: int = 0, tasks: dict[
     from lumina.data.noise import NoiseConfig
     from lumina.data.packing import collate_pack
     from lumina.data.sources import LayoutSource
-    from lumina.data.tokenizers.image_rvq import RVQSettings
-    from lumina.data.world import build_world
+    from lumina.tokenizers.rvq_quantizer import RVQSettings
+    from lumina.world import build_world
 
     if seq_len < 1:
         raise ValueError(f"world_pack: seq_len={seq_len} must be >= 1")
@@ -191,7 +191,7 @@ def training_step(config_fields: dict[str, Any], batch: Any, seed: int = 0) -> C
     torch.manual_seed(seed)
     model = LuminaModel(LuminaConfig.official(**config_fields))
     try:  # today's lumina applies the policy from outside the model; older ones in its constructor
-        from lumina.model.checkpointing import apply_checkpointing
+        from lumina.model.activation_checkpointing import apply_checkpointing
     except ImportError:
         pass
     else:

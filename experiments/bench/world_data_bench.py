@@ -17,8 +17,8 @@ import time
 from timing import median_seconds
 
 from lumina.data.storage import ParquetSampleDataset
-from lumina.data.world.dataset import build_world, cached_world_image_tokenizer, round_trip_report
-from lumina.data.world.tasks import make_items
+from lumina.world.dataset import build_world, cached_world_image_tokenizer, round_trip_report
+from lumina.world.tasks import make_items
 
 
 def main() -> None:

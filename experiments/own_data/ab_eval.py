@@ -26,9 +26,9 @@ from PIL import Image
 
 from lumina.data.noise import NoiseConfig
 from lumina.generation.assets import load_assets, load_model
-from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
 from lumina.generation.own_eval import _decode, _prompt, held_out_dataset, task_of
+from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective
 from lumina.training.conditioning import conditioning_scores

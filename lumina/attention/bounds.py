@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lumina.data.batch import as_int_tuple
+from lumina.contract.batch import as_int_tuple
 
 
 def check_bounds(bounds: Sequence[int], seq_len: int, name: str = "cu_seqlens") -> tuple[int, ...]:

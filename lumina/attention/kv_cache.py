@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 
 HELD_FIELDS = ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean")
 

@@ -16,7 +16,7 @@ from lumina.attention.backend import backend_class
 from lumina.attention.bounds import check_bounds, resolve_seg_bounds
 from lumina.attention.rules import AUTO, AttentionRule, Rows, resolve_rule, segment_ids
 from lumina.attention.runs import Run, group_runs
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 
 ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 

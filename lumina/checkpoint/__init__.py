@@ -8,10 +8,10 @@ from lumina.checkpoint.keys import (
     parse_split_expert_key,
     split_expert_key,
 )
-from lumina.checkpoint.layout import CheckpointMismatchError
 from lumina.checkpoint.load import load_hf_state_dict_into, load_pretrained, materialise_leftovers
 from lumina.checkpoint.reader import HFCheckpoint
 from lumina.checkpoint.save import resolve_dtype, save_pretrained
+from lumina.checkpoint.tensor_match import CheckpointMismatchError
 from lumina.checkpoint.writer import PlannedTensor, export_plan, parse_size
 
 __all__ = [

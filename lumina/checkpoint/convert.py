@@ -10,11 +10,11 @@ from typing import Any
 import torch
 
 from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_shapes
-from lumina.checkpoint.layout import Source, Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint, open_shard
 from lumina.checkpoint.save import copy_assets, dtype_name, resolve_dtype
+from lumina.checkpoint.tensor_match import Source, Whole, match_checkpoint
 from lumina.checkpoint.writer import export_plan, parse_size, write_shards
-from lumina.data.outputs import check_output, staged_output
+from lumina.files.outputs import check_output, staged_output
 
 
 def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split",
@@ -22,7 +22,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, *, layout: str = "split
                        overwrite: bool = False) -> Path:
     """Rewrite checkpoint `src` (any expert layout, checked against its config.json) as `layout` in `dst`,
     with config.json, tokenizer files and `*.py`; dtype None keeps tensors bit-exact. `dst` is written as a
-    `lumina.data.outputs` output: a non-empty one is refused unless `overwrite`; it appears once complete."""
+    `lumina.files.outputs` output: a non-empty one is refused unless `overwrite`; it appears once complete."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     out_dtype, shard_bytes = resolve_dtype(dtype), parse_size(max_shard_size)  # bad arguments fail before writing

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lumina.checkpoint.layout import Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint, open_shard
 from lumina.checkpoint.save import resolve_dtype
+from lumina.checkpoint.tensor_match import Whole, match_checkpoint
 from lumina.checkpoint.writer import export_dtype
 
 if TYPE_CHECKING:

@@ -9,11 +9,11 @@ official loader reads, refuses it, naming the field and the part.
 from __future__ import annotations
 
 from lumina.attention.rules import RULES
-from lumina.data.schedules import SCHEDULES
 from lumina.model.config import LuminaConfig
 from lumina.model.image_heads import IMAGE_HEADS
 from lumina.model.routers import ROUTERS
 from lumina.parts import Registry
+from lumina.schedules import SCHEDULES
 
 OFFICIAL_PART_FIELDS: tuple[tuple[str, Registry], ...] = (
     ("score_function", ROUTERS),

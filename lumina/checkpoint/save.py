@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from lumina.checkpoint.keys import LAYOUTS, MODEL_TYPE_OF_LAYOUT, official_buffer_dtype, official_shapes
-from lumina.checkpoint.layout import CheckpointMismatchError
 from lumina.checkpoint.official_parts import check_official_parts
+from lumina.checkpoint.tensor_match import CheckpointMismatchError
 from lumina.checkpoint.writer import export_plan, parse_size, prepare_directory, write_shards
 from lumina.model.config import LuminaConfig
 from lumina.model.dtypes import float_dtype

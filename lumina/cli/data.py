@@ -1,12 +1,12 @@
 """`lumina-data`: build and inspect sample shards, fit the built-in image tokenizer on your images.
 
-`build` converts JSONL manifests (schema: `lumina.data.build`) or an image folder (`lumina.data.imagefolder`:
+`build` converts JSONL manifests (schema: `lumina.ingest.build_shards`) or an image folder (`lumina.ingest.imagefolder`:
 OUT/train and OUT/val) to Parquet shards; image and video files are encoded by the visual tokenizer, saved
 beside the shards (OUT/visual_tokenizer/, the text tokenizer as OUT/tokenizer.json) and recorded in them.
 `tokenize-images` writes one official token file per image (DIR/<stem>.pkl, as the official
 tools/tokenize_image.py); images keep their aspect ratio (long edge to --max-edge, sides centre-cropped to a
 multiple of the patch). `--image-tokenizer atoken` drives the official AToken ($ATOKEN_CONFIG_PATH /
-$ATOKEN_MODEL_PATH unless given). Manifests may be URLs (`lumina.data.fs`). `build`, `world` and
+$ATOKEN_MODEL_PATH unless given). Manifests may be URLs (`lumina.files.fs`). `build`, `world` and
 `fit-tokenizer` refuse a non-empty --out unless --overwrite and write it whole or not at all. Bad input ends
 with one line `lumina-data: error: ...` and exit status 2; a store still failing after its retries, status 1.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 def _sizes(args: argparse.Namespace, visual: object | None) -> tuple[int, int]:
     """(codebook_size, num_codebooks): the visual tokenizer's, which explicit flags must agree with."""
     if visual is None:  # the official AToken files' sizes
-        from lumina.data.token_files import ATOKEN_CODES
+        from lumina.tokenizers.token_files import ATOKEN_CODES
 
         return args.codebook_size or ATOKEN_CODES[1], args.num_codebooks or ATOKEN_CODES[0]
     for flag, given, own in (("--codebook-size", args.codebook_size, visual.codebook_size),
@@ -35,8 +35,8 @@ def _sizes(args: argparse.Namespace, visual: object | None) -> tuple[int, int]:
 
 
 def _tokens(args: argparse.Namespace, tokenizer: object | None, sizes: tuple[int, int], own_vocabulary: bool):
-    from lumina.data.special_tokens import SpecialTokens
-    from lumina.data.tokenizers.text import newline_id, special_tokens_of
+    from lumina.contract.special_tokens import SpecialTokens
+    from lumina.tokenizers.text import newline_id, special_tokens_of
 
     codebook_size, num_codebooks = sizes
     newline = {} if args.newline_id is None else {"newline": args.newline_id}
@@ -67,7 +67,7 @@ def _progress(enabled: bool) -> Callable[[int], None] | None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from lumina.data.outputs import check_output, staged_output
+    from lumina.files.outputs import check_output, staged_output
 
     if bool(args.manifests) == bool(args.imagefolder):
         raise ValueError("give manifests or --imagefolder DIR (one of the two)")
@@ -87,11 +87,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _build_into(args: argparse.Namespace, out: Path) -> dict:
-    from lumina.data.assets import TEXT_FILE, save_assets
-    from lumina.data.build import build_rows, build_shards
-    from lumina.data.imagefolder import caption_words, folder_splits
-    from lumina.data.ingest import PixelEncoder
-    from lumina.data.tokenizers.text import HFTokenizer, WordTokenizer, check_special_ids
+    from lumina.data.dataset_assets import TEXT_FILE, save_assets
+    from lumina.ingest.build_shards import build_rows, build_shards
+    from lumina.ingest.encode import PixelEncoder
+    from lumina.ingest.imagefolder import caption_words, folder_splits
+    from lumina.tokenizers.text import HFTokenizer, WordTokenizer, check_special_ids
 
     visual = _visual(args) if args.image_tokenizer else None
     text_path = args.tokenizer
@@ -117,7 +117,7 @@ def _build_into(args: argparse.Namespace, out: Path) -> dict:
 
 
 def _visual(args: argparse.Namespace):
-    from lumina.data.visual_tokenizers import load_visual_tokenizer
+    from lumina.tokenizers.registry import load_visual_tokenizer
 
     return load_visual_tokenizer(args.image_tokenizer, args.device, args.atoken_config, args.atoken_model,
                                  args.atoken_package)
@@ -126,8 +126,8 @@ def _visual(args: argparse.Namespace):
 def cmd_tokenize_images(args: argparse.Namespace) -> int:
     import torch
 
-    from lumina.data.pixels import Preparation, image_files, read_image, to_signed
-    from lumina.data.token_files import TokenFileError, read_token_file, token_file_dict
+    from lumina.tokenizers.pixels import Preparation, image_files, read_image, to_signed
+    from lumina.tokenizers.token_files import TokenFileError, read_token_file, token_file_dict
 
     visual = _visual(args)
     prep = Preparation(visual.image_size if args.max_edge is None else args.max_edge, visual.patch_size)
@@ -165,10 +165,10 @@ def cmd_tokenize_images(args: argparse.Namespace) -> int:
 
 
 def cmd_fit_tokenizer(args: argparse.Namespace) -> int:
-    from lumina.data.fit_tokenizer import fit_on_files
-    from lumina.data.outputs import check_output, staged_output
-    from lumina.data.pixels import image_files
-    from lumina.data.tokenizers.image_rvq import RVQSettings
+    from lumina.files.outputs import check_output, staged_output
+    from lumina.ingest.fit_tokenizer import fit_on_files
+    from lumina.tokenizers.pixels import image_files
+    from lumina.tokenizers.rvq_quantizer import RVQSettings
 
     settings = RVQSettings(patch_size=args.patch, codebook_size=args.codebook_size, num_codebooks=args.codebooks,
                            kmeans_iters=args.kmeans_iters, seed=args.seed)
@@ -186,9 +186,9 @@ def cmd_fit_tokenizer(args: argparse.Namespace) -> int:
 
 
 def cmd_world(args: argparse.Namespace) -> int:
-    from lumina.data.outputs import check_output, staged_output
-    from lumina.data.tokenizers.image_rvq import RVQSettings
-    from lumina.data.world.dataset import build_world, round_trip_report
+    from lumina.files.outputs import check_output, staged_output
+    from lumina.tokenizers.rvq_quantizer import RVQSettings
+    from lumina.world.dataset import build_world, round_trip_report
 
     rvq = RVQSettings(patch_size=args.patch_size, codebook_size=args.codebook_size,
                       num_codebooks=args.num_codebooks, seed=args.tokenizer_seed)
@@ -307,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lumina.data.fs import StoreError
+    from lumina.files.fs import StoreError
 
     args = parser().parse_args(argv)
     try:

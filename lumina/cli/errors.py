@@ -37,8 +37,8 @@ def config_errors() -> tuple[type[BaseException], ...]:
 
 def outage_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean "a service failed" (one line, exit status 1)."""
-    from lumina.data.fs import StoreError
     from lumina.distributed.participation import ParticipationError
+    from lumina.files.fs import StoreError
 
     return (StoreError, ParticipationError)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from lumina.distributed.config import ParallelConfig
+from lumina.distributed.parallel_config import ParallelConfig
 from lumina.model.supervision import PackRows
 from lumina.training.build import model_config, model_freeze, plain
 from lumina.training.errors import ConfigError

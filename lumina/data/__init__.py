@@ -1,5 +1,2 @@
-"""Data: samples on disk -> block-diffusion training sequences -> packed batches."""
-
-from lumina.data.batch import PackedBatch
-
-__all__ = ["PackedBatch"]
+"""Data: samples on disk -> block-diffusion training sequences -> packed batches (storage, roots, layout,
+noise, packing, the epoch plan, sources, mixtures and the DataModule)."""

@@ -1,6 +1,6 @@
 """`LuminaDataModule`: packed batches for every data-parallel rank, with an exact, rank-count-agnostic resume.
 
-Packs are dealt as `lumina.data.plan` describes over the strategy's `distributed_sampler_kwargs` (else the
+Packs are dealt as `lumina.data.epoch_plan` describes over the strategy's `distributed_sampler_kwargs` (else the
 whole world; a sequence-parallel group is one data-parallel rank). The cursor advances only when a training
 step finishes (`PackCursorCallback`, installed in `setup`), so prefetched but untrained batches are not lost;
 `state_dict()` holds (epoch, cursor). The trainer needs `use_distributed_sampler=False`.
@@ -18,10 +18,10 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader
 
-from lumina.data.assets import DatasetAssets, copy_assets
-from lumina.data.dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
+from lumina.data.dataset_assets import DatasetAssets, copy_assets
+from lumina.data.epoch_plan import PackSchedule, deal, plan_epoch, steps_left
+from lumina.data.packed_dataset import FixedSampler, PackedDataset, PackSampler, identity, keys_for
 from lumina.data.packing import OVERLONG_POLICIES, PACK_ORDERS
-from lumina.data.plan import PackSchedule, deal, plan_epoch, steps_left
 from lumina.data.sources import MixtureSource, PackSource
 
 log = logging.getLogger(__name__)

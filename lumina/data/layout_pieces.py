@@ -1,6 +1,6 @@
 """Building blocks of a laid-out sequence: a prompt turn, a text answer, an image answer, media grids.
 
-Training (`lumina.data.layout`) and the generation samplers both build from these, so they agree on every
+Training (`lumina.data.sequence_layout`) and the generation samplers both build from these, so they agree on every
 id. Every piece is a `TrainingSequence` with labels -100, noise_t 0, answer_mask False.
 
 Conventions (contract 3.1, 6.2, 6.3): token columns are [L, C], text ids fill all C columns. Types: 1 prompt
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from lumina.data.roles import IGNORE_INDEX as IGNORE
-from lumina.data.roles import TokenType
-from lumina.data.schema import Media, Part, Text
-from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import PLACEHOLDER_FIELDS, SpecialTokens
+from lumina.contract.roles import IGNORE_INDEX as IGNORE
+from lumina.contract.roles import TokenType
+from lumina.contract.schema import Media, Part, Text
+from lumina.contract.special_tokens import PLACEHOLDER_FIELDS, SpecialTokens
+from lumina.contract.training_sequence import TrainingSequence
 
 TYPE_PAD, TYPE_TEXT, TYPE_MEDIA, TYPE_TEXT_ANSWER, TYPE_IMAGE_ANSWER = TokenType
 

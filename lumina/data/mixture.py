@@ -21,8 +21,8 @@ import numba
 import numpy as np
 import torch
 
-from lumina.data.schema import Sample
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.schema import Sample
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.storage import SampleDataset, checked_index, settings_mismatch
 
 

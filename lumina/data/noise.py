@@ -1,5 +1,5 @@
 """Seeded noise for training sequences: text-answer masking, image-answer masking, CFG dropout. How much is
-masked at a noise level is the masking schedule's (`NoiseConfig.schedule`, a `lumina.data.schedules` part).
+masked at a noise level is the masking schedule's (`NoiseConfig.schedule`, a `lumina.schedules` part).
 
 Masking draws come from a `torch.Generator` seeded by a stable hash of (seed, epoch, sample id, stream): the
 same in every process and on every resume. The CFG-dropout coins, needed for every sample at every epoch
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from lumina.data.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
+from lumina.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
 
 
 @dataclass(frozen=True)

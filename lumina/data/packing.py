@@ -17,8 +17,8 @@ import numba
 import numpy as np
 import torch
 
-from lumina.data.batch import TAIL_FILL, PackedBatch
-from lumina.data.sequence import TrainingSequence
+from lumina.contract.batch import TAIL_FILL, PackedBatch
+from lumina.contract.training_sequence import TrainingSequence
 
 OverlongPolicy = Literal["error", "skip"]
 OVERLONG_POLICIES = ("error", "skip")

@@ -7,10 +7,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from lumina.data.layout import layout_eval, layout_sample
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.mixture import ConcatSampleDataset, EpochMix, MixturePlan
 from lumina.data.noise import NoiseConfig, dropout_lengths
-from lumina.data.sequence import TrainingSequence
+from lumina.data.sequence_layout import layout_eval, layout_sample
 from lumina.data.storage import SampleDataset
 
 log = logging.getLogger(__name__)

@@ -31,11 +31,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from lumina.data.assets import DatasetAssets
-from lumina.data.fs import DEFAULT_RETRY, Retry, filesystem, is_file, is_url, open_binary, with_retries
+from lumina.contract.schema import GRID_RANK, Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.data.dataset_assets import DatasetAssets
 from lumina.data.noise import id_hashes
-from lumina.data.schema import GRID_RANK, Media, Sample, Text, Turn
-from lumina.data.special_tokens import SpecialTokens
+from lumina.files.fs import DEFAULT_RETRY, Retry, filesystem, is_file, is_url, open_binary, with_retries
 
 FORMAT, VERSION = "lumina-samples", 1
 METADATA_KEY = b"lumina"
@@ -56,7 +56,7 @@ LengthFn = Callable[[Sample, bool, bool], int]  # (sample, drop_text, drop_image
 
 def layout_length_fn(tokens: SpecialTokens) -> LengthFn:
     """The layout's `laid_out_length` bound to `tokens`."""
-    from lumina.data.layout import laid_out_length
+    from lumina.data.sequence_layout import laid_out_length
 
     return lambda sample, drop_text, drop_image: laid_out_length(sample, tokens, drop_text, drop_image)
 
@@ -329,7 +329,7 @@ def _read_index(path: str | Path, retry: Retry) -> _ShardIndex:
 
 
 class ParquetSampleDataset:
-    """Random access to Parquet sample shards, local or on an object store (`lumina.data.fs`, reads retried
+    """Random access to Parquet sample shards, local or on an object store (`lumina.files.fs`, reads retried
     within `retry`). Lengths and ids are read eagerly (`readers` shards at a time); payloads per row group on
     demand, an LRU of `cache_row_groups` per process. tokens: the settings expected (others raise ValueError);
     `assets`: the tokenizers the shards record (paths resolved)."""

@@ -17,8 +17,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from lumina.checkpoint.layout import Whole, match_checkpoint
 from lumina.checkpoint.reader import HFCheckpoint
+from lumina.checkpoint.tensor_match import Whole, match_checkpoint
 
 
 def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from lumina.distributed.config import ResolvedSizes
+from lumina.distributed.parallel_config import ResolvedSizes
 
 DENSE_DIMS = ("replicate", "shard")
 SPARSE_DIMS = ("replicate", "expert_fsdp", "ep")

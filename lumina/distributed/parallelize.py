@@ -16,11 +16,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import DataParallelMeshDims
 
 from lumina.checkpoint.keys import EXPERT_PROJS
-from lumina.distributed.config import ParallelConfig
-from lumina.distributed.dispatcher import AllToAllDispatcher
+from lumina.distributed.all_to_all_dispatcher import AllToAllDispatcher
 from lumina.distributed.mesh import Meshes
-from lumina.distributed.plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
-from lumina.distributed.sequence import UlyssesAttention
+from lumina.distributed.parallel_config import ParallelConfig
+from lumina.distributed.parallel_plan import PlanError, PlanRule, expert_parameter_names, resolve_plan
+from lumina.distributed.sequence_parallel import UlyssesAttention
 from lumina.distributed.sharded_experts import shard_experts
 from lumina.model.dtypes import float_dtype
 from lumina.model.experts import GroupedExperts

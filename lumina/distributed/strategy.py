@@ -37,16 +37,16 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from lumina.data.batch import PackedBatch
-from lumina.distributed.config import ParallelConfig
+from lumina.contract.batch import PackedBatch
 from lumina.distributed.grad_norm import clip_grad_norm, total_grad_norm
 from lumina.distributed.hf import full_state_dict, load_hf_sharded
 from lumina.distributed.launch import cluster_environment
 from lumina.distributed.mesh import Meshes, build_meshes
+from lumina.distributed.parallel_config import ParallelConfig
+from lumina.distributed.parallel_plan import PlanRule, parse_plan
 from lumina.distributed.parallelize import parallelize
 from lumina.distributed.participation import ParticipationTracker, tracked_modules
-from lumina.distributed.plan import PlanRule, parse_plan
-from lumina.distributed.sequence import SequenceShard
+from lumina.distributed.sequence_parallel import SequenceShard
 
 log = logging.getLogger(__name__)
 

@@ -9,19 +9,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lumina.data.assets import VISUAL_DIR
-from lumina.data.special_tokens import SpecialTokens
-from lumina.data.tokenizers.text import (
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.data.dataset_assets import VISUAL_DIR
+from lumina.model.config import LuminaConfig
+from lumina.model.dtypes import float_dtype
+from lumina.tokenizers.registry import BUILTIN, load_visual_tokenizer
+from lumina.tokenizers.text import (
     VOCABULARY_CHANGE,
     HFTokenizer,
     TextTokenizer,
     WordTokenizer,
     special_tokens_of,
 )
-from lumina.data.tokenizers.visual import VisualTokenizer, check_fits_model
-from lumina.data.visual_tokenizers import BUILTIN, load_visual_tokenizer
-from lumina.model.config import LuminaConfig
-from lumina.model.dtypes import float_dtype
+from lumina.tokenizers.visual import VisualTokenizer, check_fits_model
 
 
 @dataclass
@@ -77,7 +77,7 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, im
             tokenizer = "world"
     visual = _visual_tokenizer(directory, image_tokenizer, tokenizer == "world", config, device)
     if tokenizer == "world":
-        from lumina.data.world.dataset import world_special_tokens, world_text_tokenizer
+        from lumina.world.dataset import world_special_tokens, world_text_tokenizer
 
         text = world_text_tokenizer()
         image = visual or load_visual_tokenizer(BUILTIN)
@@ -97,7 +97,7 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, im
 
 
 def _is_world_vocabulary(path: str) -> bool:
-    from lumina.data.world.dataset import world_text_tokenizer
+    from lumina.world.dataset import world_text_tokenizer
 
     try:
         return WordTokenizer.load(path).vocab == world_text_tokenizer().vocab

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lumina.attention import KVCache
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 
 log = logging.getLogger(__name__)
 _WARNED: set[str] = set()

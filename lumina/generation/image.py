@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lumina.contract.schema import Text
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.packing import collate_pack
-from lumina.data.schema import Text
-from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.cache import SamplerForward
-from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.guidance import guide_dual, guide_single
 from lumina.generation.sampling import gumbel, model_schedule, remask_lowest, sample_tokens, seeded_generator
+from lumina.generation.sampling_config import ImageSamplingConfig
 from lumina.generation.sequences import BRANCHES, Prompt, image_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 from lumina.model.image_heads import SampleFn

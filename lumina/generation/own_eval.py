@@ -19,21 +19,21 @@ import torch
 from PIL import Image, ImageDraw
 from torch import nn
 
+from lumina.contract.schema import Media, Sample, Text
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
-from lumina.data.pixels import to_uint8
 from lumina.data.roots import dataset_root
-from lumina.data.schema import Media, Sample, Text
 from lumina.data.sources import LayoutSource
 from lumina.data.storage import ParquetSampleDataset
 from lumina.generation.assets import GenerationAssets
-from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
 from lumina.generation.sampling import model_schedule
+from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective
 from lumina.objective.held_out import HeldOutLoss
+from lumina.tokenizers.pixels import to_uint8
 
 TEXT_TASKS = ("understand", "text")
 LABEL_HEIGHT = 12  # px of prompt text above each grid row

@@ -27,18 +27,13 @@ import torch
 from omegaconf import DictConfig
 
 from lumina.adapters import load_peft_adapter
-from lumina.data.fs import is_file
-from lumina.data.pixels import Preparation, read_image, to_signed
-from lumina.data.prompts import system_prompt_task
-from lumina.data.schema import Media, Part, Text
-from lumina.data.token_files import read_token_file, token_file_dict
-from lumina.data.tokenizers.atoken import PATCH as ATOKEN_PATCH
-from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.data.tokenizers.text import PLACEHOLDER_STRINGS
+from lumina.contract.schema import Media, Part, Text
+from lumina.contract.system_prompts import system_prompt_task
+from lumina.files.fs import is_file
 from lumina.generation.assets import GenerationAssets, load_assets, load_model, read_config
-from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.image import generate_images
 from lumina.generation.own_eval import OwnEvalConfig, evaluate_own
+from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.sequences import Prompt
 from lumina.generation.settings import (
     checkpoint_kind,
@@ -50,7 +45,12 @@ from lumina.generation.settings import (
     text_config,
 )
 from lumina.generation.text import generate_text
-from lumina.generation.world_eval import WorldEvalConfig, build_eval_set, evaluate_world, save_png
+from lumina.tokenizers.atoken import PATCH as ATOKEN_PATCH
+from lumina.tokenizers.pixels import Preparation, read_image, to_signed
+from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer
+from lumina.tokenizers.text import PLACEHOLDER_STRINGS
+from lumina.tokenizers.token_files import read_token_file, token_file_dict
+from lumina.world.evaluation import WorldEvalConfig, build_eval_set, evaluate_world, save_png
 
 DEFAULT_GRID = (8, 8)  # t2i without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
 TASKS = ("t2i", "edit", "understand", "text", "eval")
@@ -239,9 +239,9 @@ def answer_grid(cfg: DictConfig, assets: GenerationAssets, source: tuple[int, in
 
 
 def load_image(path: str, assets: GenerationAssets, max_edge: int = 0, no_upscale: bool = False) -> Media:
-    """An official token file (.pkl / .pt, read by `lumina.data.token_files`) or, with a visual tokenizer, an
-    image file read like the training data was (`lumina.data.pixels`) and encoded -> Media. `path` may be a URL
-    (`lumina.data.fs`)."""
+    """An official token file (.pkl / .pt, read by `lumina.tokenizers.token_files`) or, with a visual tokenizer, an
+    image file read like the training data was (`lumina.tokenizers.pixels`) and encoded -> Media. `path` may be a URL
+    (`lumina.files.fs`)."""
     if not is_file(path):  # a store that cannot be reached raises StoreError (an outage), naming the URL
         raise FileNotFoundError(f"image {path!r} does not exist")
     if Path(path).suffix in TOKEN_SUFFIXES:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lumina.data.noise import stable_seed
-from lumina.data.schedules import MaskingSchedule, build_schedule
+from lumina.schedules import MaskingSchedule, build_schedule
 
 
 def seeded_generator(seed: int, key: int | str, stream: str, device: torch.device) -> torch.Generator:

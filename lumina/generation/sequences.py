@@ -12,7 +12,9 @@ from functools import partial
 
 import torch
 
-from lumina.data.layout import plan_exchanges
+from lumina.contract.schema import Media, Part, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.layout_pieces import (
     concat_pieces,
     image_answer_cell_rows,
@@ -20,9 +22,7 @@ from lumina.data.layout_pieces import (
     layout_prompt,
     layout_text_answer,
 )
-from lumina.data.schema import Media, Part, Sample, Text, Turn
-from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.sequence_layout import plan_exchanges
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """lumina-generate's per-task settings: the values given in the config over the defaults of the checkpoint's
 kind, `conf/generate/<kind>.yaml` (official, world or small; `generate=auto` picks it: `checkpoint_kind`).
-Tasks are the system-prompt keys of `lumina.data.prompts` (understanding by the media kind).
+Tasks are the system-prompt keys of `lumina.contract.system_prompts` (understanding by the media kind).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lumina.data.prompts import OFFICIAL_SYSTEM_PROMPTS
-from lumina.data.special_tokens import SpecialTokens
-from lumina.data.tokenizers.text import TextTokenizer, WordTokenizer
-from lumina.data.world.dataset import world_text_tokenizer
-from lumina.data.world.tasks import WORLD_SYSTEM_PROMPTS
-from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.system_prompts import OFFICIAL_SYSTEM_PROMPTS
+from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.model.config import LuminaConfig
+from lumina.tokenizers.text import TextTokenizer, WordTokenizer
+from lumina.world.dataset import world_text_tokenizer
+from lumina.world.tasks import WORLD_SYSTEM_PROMPTS
 
 SETTINGS_DIR = Path(__file__).resolve().parents[2] / "conf" / "generate"
 KINDS = ("official", "world", "small")

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lumina.contract.schema import Text
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.packing import collate_pack
-from lumina.data.schema import Text
-from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.cache import SamplerForward
-from lumina.generation.config import TextSamplingConfig
 from lumina.generation.sampling import model_schedule, sample_tokens, seeded_generator
+from lumina.generation.sampling_config import TextSamplingConfig
 from lumina.generation.sequences import Prompt, prompt_piece, text_sequence
 from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepare_for_sampling
 

@@ -2,7 +2,7 @@
 attention (`core`, non-causal, GQA, scale 1/sqrt(head_dim)) -> `dense`.
 
 `core` is the seam where the rows meet: `lumina.attention.attend` when this device holds the whole pack;
-sequence parallelism swaps in an all-to-all around it (`lumina.distributed.sequence.UlyssesAttention`)."""
+sequence parallelism swaps in an all-to-all around it (`lumina.distributed.sequence_parallel.UlyssesAttention`)."""
 
 from __future__ import annotations
 

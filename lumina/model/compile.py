@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lumina.model.checkpointing import Checkpointed
+from lumina.model.activation_checkpointing import Checkpointed
 
 COMPILED = "_lumina_compiled"  # marks a function `apply_compile` made
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from lumina.attention import check_backend_name
 from lumina.attention.rules import check_rule_name
-from lumina.data.schedules import DEFAULT_SCHEDULE, build_schedule
+from lumina.schedules import DEFAULT_SCHEDULE, build_schedule
 
 MOE_BACKENDS = ("grouped_mm", "loop")
 # Activation checkpointing of the backbone (see `LuminaConfig.gradient_checkpointing`).
@@ -72,7 +72,7 @@ class LuminaConfig:
     C * channel_depth * 20 * H floats per supervised image row it holds the most activations per row.
     Every router's top-k is replayed on recompute, so each policy gives the gradients of `none` exactly.
     The model's code does not read it: the training build (`LuminaModule.configure_model`) applies it with
-    `lumina.model.checkpointing.apply_checkpointing(model, policy)`, which any other builder can call too.
+    `lumina.model.activation_checkpointing.apply_checkpointing(model, policy)`, which any other builder can call too.
 
     router_init: the from-scratch init of each router's `gate.weight`: "kaiming_uniform" (nn.Linear's default,
     what the official code gets) or "normal" (N(0, initializer_range), as torchtitan and Megatron initialise
@@ -136,7 +136,7 @@ class LuminaConfig:
     channel_mlp_ratio: int = 4
     # --- lumina research parts (PART_KEYS; names in their registries) ---
     image_head: str = "channel_ar"  # lumina.model.image_heads: channel_ar (official) | parallel | a dotted path
-    masking_schedule: str = DEFAULT_SCHEDULE  # a `lumina.data.schedules` part: training noise, ELBO weight, samplers
+    masking_schedule: str = DEFAULT_SCHEDULE  # a `lumina.schedules` part: training noise, ELBO weight, samplers
     attn_rule: str = "auto"  # a lumina.attention.RULES name or dotted path; auto: the official choice per pack
     # --- lumina training knobs ---
     attn_backend: str = "auto"  # a lumina.attention.BACKENDS name or dotted path; auto: resolved at model build

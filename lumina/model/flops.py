@@ -18,7 +18,7 @@ import torch
 
 from lumina.attention import Pairs, build_spec
 from lumina.attention.backend import backend_class
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model.config import LuminaConfig
 from lumina.model.image_heads import ImageHeadMACs, build_image_head
 from lumina.model.supervision import PackRows, segment_lengths

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from lumina.attention import AttentionSpec, CachedStep, build_spec
-from lumina.data.batch import PackedBatch
-from lumina.data.roles import TokenType
+from lumina.contract.batch import PackedBatch
+from lumina.contract.roles import TokenType
 from lumina.model.backbone import Backbone
 from lumina.model.config import LuminaConfig
 from lumina.model.heads import Head, LuminaHeads

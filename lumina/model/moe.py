@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from lumina.model.config import LuminaConfig
-from lumina.model.dispatch import LocalDispatcher, MoEDispatcher
 from lumina.model.experts import GroupedExperts
 from lumina.model.mlp import SwiGLU
+from lumina.model.moe_dispatch import LocalDispatcher, MoEDispatcher
 from lumina.model.routers import ROUTERS, MoERouter, PackRows, Routing
 
 

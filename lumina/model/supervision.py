@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lumina.data.batch import PackedBatch
-from lumina.data.roles import IGNORE_INDEX, IMAGE_CODE_TYPES, TokenType
+from lumina.contract.batch import PackedBatch
+from lumina.contract.roles import IGNORE_INDEX, IMAGE_CODE_TYPES, TokenType
 
 
 def _supervised(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,17 +13,17 @@ import torch.distributed as dist
 from torch import nn
 
 from lumina.attention.rules import segment_ids
-from lumina.data.batch import PackedBatch
-from lumina.data.roles import TokenType
-from lumina.data.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
+from lumina.contract.batch import PackedBatch
+from lumina.contract.roles import TokenType
 from lumina.model.output import LuminaOutput
 from lumina.model.routers import MoERouter
 from lumina.objective.balance import ProbsFn, balance_loss, expert_load, softmax_probs
-from lumina.objective.config import ObjectiveConfig
 from lumina.objective.expert_bias import ExpertBiasUpdater, find_expert_biases
 from lumina.objective.labels import check_inverse_t_rows, gather_targets
+from lumina.objective.objective_config import ObjectiveConfig
 from lumina.objective.reduce import dp_sum, dp_world_size
 from lumina.objective.result import ObjectiveResult
+from lumina.schedules import DEFAULT_SCHEDULE, MaskingSchedule, build_schedule
 
 
 class LuminaObjective(nn.Module):

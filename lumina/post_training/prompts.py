@@ -12,12 +12,12 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lumina.data.assets import copy_assets
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.data.dataset_assets import copy_assets
 from lumina.data.noise import stable_seed
-from lumina.data.special_tokens import SpecialTokens
-from lumina.data.world.dataset import build_world, world_assets
 from lumina.generation.sequences import Prompt
 from lumina.post_training.samples import IMAGE_TASKS, TEXT_TASKS, RLPrompt
+from lumina.world.dataset import build_world, world_assets
 
 WORLD_TASKS = TEXT_TASKS + IMAGE_TASKS
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from lumina.data.world.checker import check_image
-from lumina.data.world.dataset import cached_world_image_tokenizer, world_text_tokenizer
-from lumina.generation.world_eval import _decode_text
 from lumina.post_training.samples import Completion, RLPrompt
+from lumina.world.checker import check_image
+from lumina.world.dataset import cached_world_image_tokenizer, world_text_tokenizer
+from lumina.world.evaluation import _decode_text
 
 Reward = Callable[[RLPrompt, Completion], float]
 

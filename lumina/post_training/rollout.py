@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lumina.data.special_tokens import SpecialTokens
-from lumina.generation.config import ImageSamplingConfig, TextSamplingConfig
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.generation.image import StepTrace, generate_images
+from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.sync import max_over_ranks, model_device
 from lumina.generation.text import generate_text
 from lumina.post_training.samples import Completion, RLPrompt

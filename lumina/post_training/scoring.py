@@ -11,12 +11,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
+from lumina.contract.roles import IGNORE_INDEX
+from lumina.contract.schema import Text
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.packing import collate_pack
-from lumina.data.roles import IGNORE_INDEX
-from lumina.data.schema import Text
-from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, text_sequence
 from lumina.generation.sync import max_over_ranks
 from lumina.model.output import LuminaOutput

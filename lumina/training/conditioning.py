@@ -16,12 +16,12 @@ import lightning as L
 import torch
 from torch import nn
 
-from lumina.data.layout import layout_eval
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import layout_eval
 from lumina.data.sources import LayoutSource
-from lumina.data.special_tokens import SpecialTokens
 from lumina.generation.own_eval import task_of
 from lumina.objective import LuminaObjective
 from lumina.objective.held_out import HeldOutLoss

@@ -1,6 +1,6 @@
 """`build_datamodule`: the LuminaDataModule a training config asks for (built-in world and/or Parquet shards,
 one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json.
-Tokenizers the shards record (`lumina.data.assets`) go to the data module, which the HF export copies."""
+Tokenizers the shards record (`lumina.data.dataset_assets`) go to the data module, which the HF export copies."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lumina.data.assets import DatasetAssets
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.dataset import LayoutSource, MixtureSource
+from lumina.data.dataset_assets import DatasetAssets
 from lumina.data.mixture import ConcatSampleDataset, MixturePlan
 from lumina.data.noise import NoiseConfig
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.packed_dataset import LayoutSource, MixtureSource
 from lumina.model.config import LuminaConfig
 from lumina.training.errors import ConfigError
 
@@ -54,7 +54,7 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
         if val is not None:
             vals[spec.name] = val
     if assets is None and all(spec.path is None for spec in config.sources):
-        from lumina.data.world.dataset import world_assets
+        from lumina.world.dataset import world_assets
 
         assets = world_assets()  # the HF export carries the world's tokenizer.json (its vocabulary version)
     if len(trains) == 1:
@@ -71,7 +71,7 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
 
 
 def world_datasets(options: dict[str, Any], index: int = 0):
-    from lumina.data.world import build_world
+    from lumina.world import build_world
 
     unknown = sorted(set(options) - set(WORLD_OPTIONS))
     if unknown:
@@ -90,8 +90,8 @@ PARQUET_OPTIONS = ("val_path", "cache_row_groups", "read_attempts")
 def parquet_datasets(path: str, options: dict[str, Any], expected: SpecialTokens | None, index: int = 0):
     """Train (and held-out) Parquet datasets at a local path or fsspec URL. options: val_path,
     cache_row_groups (row groups kept decoded, 16), read_attempts (tries of a store read, 4)."""
-    from lumina.data.fs import Retry, is_url
     from lumina.data.storage import ParquetSampleDataset
+    from lumina.files.fs import Retry, is_url
 
     unknown = sorted(set(options) - set(PARQUET_OPTIONS))
     if unknown:
@@ -138,7 +138,7 @@ def resolve_from_data(config: DataConfig, found: SpecialTokens) -> DataConfig:
 
 def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetAssets | None) -> DatasetAssets:
     """The tokenizers source `index` records, checked against its held-out split, earlier sources, model."""
-    from lumina.data.tokenizers.visual import check_fits_model
+    from lumina.tokenizers.visual import check_fits_model
 
     found = train.assets
     for other, what in ((val.assets if val is not None else None, f"data.sources[{index}].options.val_path"),
@@ -161,7 +161,7 @@ def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetA
 
 def expected_tokens(tokenizer: str, config: DataConfig, model: LuminaConfig) -> SpecialTokens:
     """The SpecialTokens a tokenizer.json defines (image sizes from the model)."""
-    from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
+    from lumina.tokenizers.text import HFTokenizer, special_tokens_of
 
     if not Path(tokenizer).is_file():
         raise ConfigError(f"data.tokenizer={tokenizer!r}: no such tokenizer file")

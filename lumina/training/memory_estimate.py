@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from lumina.adapters import Adapter
-from lumina.model.checkpointing import CHANNEL_CHECKPOINT_ROWS
+from lumina.model.activation_checkpointing import CHANNEL_CHECKPOINT_ROWS
 from lumina.model.config import LuminaConfig, checkpoint_policy
 from lumina.model.dtypes import float_dtype, float_dtype_of_size
 from lumina.model.experts import experts_per_rank

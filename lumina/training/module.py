@@ -23,15 +23,15 @@ import torch
 from lumina.adapters import ADAPTERS, Adapter
 from lumina.checkpoint.model_factory import build_model
 from lumina.checkpoint.official_parts import OFFICIAL_PART_FIELDS
-from lumina.data.batch import PackedBatch
-from lumina.data.schedules import build_schedule
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaModel
-from lumina.model.checkpointing import apply_checkpointing
+from lumina.model.activation_checkpointing import apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.model.config import LuminaConfig
 from lumina.objective import LuminaObjective, ObjectiveConfig, ObjectiveResult, expert_load
 from lumina.objective.held_out import scored_targets
 from lumina.post_training.mode import PostTraining
+from lumina.schedules import build_schedule
 from lumina.training.memory import peak_memory_gib
 from lumina.training.metrics import TokenAccuracies
 from lumina.training.optim import OptimConfig, build_optimizer, build_scheduler

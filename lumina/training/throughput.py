@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import RichModelSummary
 from lightning.pytorch.utilities.model_summary import ModelSummary
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model.config import LuminaConfig
 from lumina.model.dtypes import FLOAT_DTYPES
 from lumina.model.flops import batch_flops, nominal_attention_pairs, training_flops

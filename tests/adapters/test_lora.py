@@ -286,7 +286,7 @@ def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
 
 @pytest.mark.parametrize("policy", ["full", "selective"])
 def test_activation_checkpointing_gives_the_same_adapter_gradients(policy):
-    from lumina.model.checkpointing import apply_checkpointing
+    from lumina.model.activation_checkpointing import apply_checkpointing
 
     def adapter_grads(checkpointing: str) -> dict[str, torch.Tensor]:
         model = base_model().train()

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from lumina.data import PackedBatch
+from lumina.contract import PackedBatch
 
 C, N = True, False  # is_clean values, for readable hand-built packs
 

@@ -9,13 +9,13 @@ from attn_helpers import random_pack
 from test_backends import HEAD_DIM, HEADS, KV_HEADS
 
 from lumina.attention import RULES, AttentionRule, attend, build_spec
-from lumina.data import PackedBatch
+from lumina.contract import PackedBatch
+from lumina.contract.roles import TokenType
 from lumina.data.layout_pieces import concat_pieces, layout_text_answer
 from lumina.data.packing import collate_pack
-from lumina.data.roles import TokenType
-from lumina.data.tokenizers.image_rvq import RVQSettings
-from lumina.data.world.dataset import build_world, fit_world_image_tokenizer
 from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, text_sequence
+from lumina.tokenizers.rvq_quantizer import RVQSettings
+from lumina.world.dataset import build_world, fit_world_image_tokenizer
 
 ROW_FIELDS = ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean", "token_valid")
 

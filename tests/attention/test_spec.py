@@ -7,7 +7,7 @@ import torch
 from attn_helpers import C, pack, random_pack
 
 from lumina.attention import build_spec, resolve_seg_bounds
-from lumina.data import PackedBatch
+from lumina.contract import PackedBatch
 
 
 def test_resolve_seg_bounds():

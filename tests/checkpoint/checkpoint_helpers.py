@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
 
 

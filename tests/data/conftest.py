@@ -9,8 +9,8 @@ import torch
 from sample_helpers import NEWLINE
 
 from lumina.attention import allowed_mask
-from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.training_sequence import TrainingSequence
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.contract.schema import Media, Sample, Text, Turn
 
 NEWLINE = 201  # the data tests' stand-in for the official tokenizer's "\n" id (not part of the contract)
 

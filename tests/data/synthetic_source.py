@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from lumina.data.sequence import TrainingSequence
+from lumina.contract.training_sequence import TrainingSequence
 
 
 class SyntheticSource:

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from lumina.data.pixels import to_uint8
-from lumina.data.tokenizers.atoken import ATokenTokenizer, ATokenUnavailable
-from lumina.data.tokenizers.visual import VisualTokenizerRecord
-from lumina.data.visual_tokenizers import load_visual_tokenizer
+from lumina.tokenizers.atoken import ATokenTokenizer, ATokenUnavailable
+from lumina.tokenizers.pixels import to_uint8
+from lumina.tokenizers.registry import load_visual_tokenizer
+from lumina.tokenizers.visual import VisualTokenizerRecord
 
 P = 16
 
@@ -115,10 +115,10 @@ def test_on_cuda_by_default(atoken_files):
 def test_build_codes_video_frames_in_fours_and_names_a_video_it_cannot_code(atoken, tmp_path):
     from PIL import Image
 
-    from lumina.data.build import build_shards
-    from lumina.data.ingest import PixelEncoder
-    from lumina.data.special_tokens import SpecialTokens
+    from lumina.contract.special_tokens import SpecialTokens
     from lumina.data.storage import ParquetSampleDataset
+    from lumina.ingest.build_shards import build_shards
+    from lumina.ingest.encode import PixelEncoder
 
     frames, expected = painted(1, 2, frames=4)  # 4 frames of 16 x 32 px: one frame group, grid (1, 1, 2)
     for i, frame in enumerate(frames):

@@ -23,7 +23,7 @@ from pixel_helpers import write_imagefolder
 from s3_server import S3Server, free_port
 
 from lumina.cli.data import main as cli_main
-from lumina.data.tokenizers.text import WordTokenizer
+from lumina.tokenizers.text import WordTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 PAD, MASK = 156892, 156895  # the official reserved ids (text)

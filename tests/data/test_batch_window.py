@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from lumina.attention import build_spec
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
+from lumina.contract.roles import IGNORE_INDEX
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.packing import collate_pack
-from lumina.data.roles import IGNORE_INDEX
-from lumina.data.sequence import TrainingSequence
 
 
 def sequence(n: int, seed: int, columns: int = 2) -> TrainingSequence:

@@ -10,9 +10,9 @@ import torch
 from sample_helpers import codes
 
 from lumina.cli.data import main as cli_main
-from lumina.data.build import BuildError, build_shards
 from lumina.data.storage import ParquetSampleDataset
-from lumina.data.tokenizers.text import WordTokenizer, special_tokens_of
+from lumina.ingest.build_shards import BuildError, build_shards
+from lumina.tokenizers.text import WordTokenizer, special_tokens_of
 
 
 def image_coords(h: int, w: int, columns: int = 5) -> torch.Tensor:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from lightning.pytorch.loggers.logger import Logger
 
-from lumina.data.schema import Sample, Text, Turn
+from lumina.contract.schema import Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.sources import MixtureSource
-from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import write_samples
 from lumina.model.config import LuminaConfig
 from lumina.training.data_factory import build_datamodule

@@ -11,14 +11,14 @@ from omegaconf import OmegaConf
 from sample_helpers import NEWLINE, mix_items
 from synthetic_source import SyntheticSource
 
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.datamodule import DataConfig, LuminaDataModule
-from lumina.data.layout import layout_eval, layout_sample
+from lumina.data.epoch_plan import PackSchedule
 from lumina.data.mixture import MixturePlan
 from lumina.data.noise import NoiseConfig
-from lumina.data.plan import PackSchedule
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import layout_eval, layout_sample
 from lumina.data.sources import LayoutSource, MixtureSource
-from lumina.data.special_tokens import SpecialTokens
 from lumina.data.storage import InMemorySampleDataset
 
 BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8]
@@ -51,7 +51,7 @@ def test_rank_short_of_packs_gets_all_padding_pack(caplog: pytest.LogCaptureFixt
     num_packs = make_dm(0).schedule.plan(0).num_packs
     world = num_packs + 1  # one step each; the last rank has no pack left
     dms = [make_dm(0) for _ in range(world)]
-    with caplog.at_level(logging.INFO, logger="lumina.data.plan"):
+    with caplog.at_level(logging.INFO, logger="lumina.data.epoch_plan"):
         loaded = []
         for r, dm in enumerate(dms):
             dm.schedule.set_rank(r, world)
@@ -66,7 +66,7 @@ def test_rank_short_of_packs_gets_all_padding_pack(caplog: pytest.LogCaptureFixt
 
 def test_overlong_skip_in_datamodule(caplog: pytest.LogCaptureFixture) -> None:
     dm = make_dm(0, base=[5, 30, 7, 40, 3], overlong="skip")
-    with caplog.at_level(logging.WARNING, logger="lumina.data.plan"):
+    with caplog.at_level(logging.WARNING, logger="lumina.data.epoch_plan"):
         batches = list(dm.train_dataloader())
     assert sorted(int(x.input_ids[0, s, 0]) for x in batches for s in x.seg_bounds[:-1] if x.token_valid[0, s]) == [0, 2, 4]
     assert "skipped 2 samples longer than seq_len=16" in caplog.text

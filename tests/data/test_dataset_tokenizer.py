@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from pixel_helpers import picture
 
-from lumina.data.assets import save_assets
-from lumina.data.pixels import to_signed
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.data.dataset_assets import save_assets
 from lumina.data.storage import ShardWriter
-from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
-from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.data.tokenizers.text import WordTokenizer, special_tokens_of
 from lumina.model.config import LuminaConfig
+from lumina.tokenizers.pixels import to_signed
+from lumina.tokenizers.rvq_quantizer import RVQImageTokenizer, RVQSettings
+from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer
+from lumina.tokenizers.text import WordTokenizer, special_tokens_of
 from lumina.training.data_factory import build_datamodule
 from lumina.training.errors import ConfigError
 

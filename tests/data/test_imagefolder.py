@@ -11,13 +11,13 @@ import torch
 from pixel_helpers import write_imagefolder
 
 from lumina.cli.data import main as cli_main
-from lumina.data.fit_tokenizer import read_images
-from lumina.data.imagefolder import metadata_rows, split_rows, val_files
-from lumina.data.pixels import Preparation
-from lumina.data.schema import Media, Text
+from lumina.contract.schema import Media, Text
 from lumina.data.storage import ParquetSampleDataset
-from lumina.data.tokenizers.text import WordTokenizer
-from lumina.data.visual_tokenizers import load_visual_tokenizer
+from lumina.ingest.fit_tokenizer import read_images
+from lumina.ingest.imagefolder import metadata_rows, split_rows, val_files
+from lumina.tokenizers.pixels import Preparation
+from lumina.tokenizers.registry import load_visual_tokenizer
+from lumina.tokenizers.text import WordTokenizer
 
 
 @pytest.fixture(scope="module")

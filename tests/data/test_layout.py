@@ -4,9 +4,9 @@ import pytest
 import torch
 from sample_helpers import NEWLINE
 
-from lumina.data.layout import laid_out_length, layout_eval, layout_sample
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.data.noise import NoiseConfig, cfg_dropout
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import laid_out_length, layout_eval, layout_sample
 
 NO_CFG = NoiseConfig(block_length=4, uncond_text_prob=0.0, uncond_image_prob=0.0)
 MASK, IMG_MASK, IGN = 156895, 5000, -100
@@ -242,7 +242,7 @@ def test_mesh3d_in_prompt(tokens, random_codes):
 
 
 def test_small_token_space(random_codes):
-    from lumina.data.special_tokens import SpecialTokens
+    from lumina.contract.special_tokens import SpecialTokens
 
     tok = SpecialTokens(text_vocab_size=512, pad=0, text_mask=1, boa=2, eoa=3, boi=4, eoi=5, bov=6, eov=7,
                         bo3d=8, eo3d=9, system_open=10, system_close=11, user_open=12, user_close=13,

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from lumina.data.layout import check_sample, laid_out_length, layout_sample
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.data.noise import NoiseConfig
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import check_sample, laid_out_length, layout_sample
 
 
 def img(h=1, w=2, bad_code=None):
@@ -86,7 +86,7 @@ def test_bad_grid_raises_in_length(tokens):
 
 
 def test_check_sample_makes_the_layout_checks_without_building(tokens):
-    from lumina.data.layout import check_sample
+    from lumina.data.sequence_layout import check_sample
 
     good = Sample("ok", [Turn("user", [Text([5])]), Turn("assistant", [Text([10])])])
     check_sample(good, tokens)

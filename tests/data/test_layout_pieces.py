@@ -5,7 +5,7 @@ from dataclasses import fields, replace
 import pytest
 import torch
 
-from lumina.data.layout import laid_out_length, layout_eval, layout_sample
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.data.layout_pieces import (
     concat_pieces,
     layout_image_answer,
@@ -15,7 +15,7 @@ from lumina.data.layout_pieces import (
     media_rows,
 )
 from lumina.data.noise import NoiseConfig, cfg_dropout
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import laid_out_length, layout_eval, layout_sample
 
 FIELDS = ("input_ids", "type_ids", "turn_ids", "block_ids", "position_ids", "is_clean")
 

@@ -144,8 +144,8 @@ def test_empty_source_with_weight_raises():
 def test_concatenation_addresses_every_source(tokens):
     from sample_helpers import mixed_samples
 
+    from lumina.contract.schema import Sample
     from lumina.data.mixture import ConcatSampleDataset
-    from lumina.data.schema import Sample
     from lumina.data.storage import InMemorySampleDataset
 
     def length(sample: Sample, drop_text: bool, drop_image: bool) -> int:

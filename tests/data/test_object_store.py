@@ -26,19 +26,19 @@ from s3_server import S3Server
 from sample_helpers import NEWLINE, Shell
 
 from lumina.cli.data import main as data_main
-from lumina.data.assets import save_assets
-from lumina.data.build import BuildError, build_shards
-from lumina.data.fs import Retry, StoreError, read_lines, with_retries
-from lumina.data.ingest import PixelEncoder
-from lumina.data.pixels import to_signed
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.data.dataset_assets import save_assets
 from lumina.data.storage import InMemorySampleDataset, ParquetSampleDataset
-from lumina.data.token_files import TokenFileError, read_token_file, token_file_dict
-from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
-from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.data.tokenizers.text import WordTokenizer
+from lumina.files.fs import Retry, StoreError, read_lines, with_retries
 from lumina.generation.assets import GenerationAssets
 from lumina.generation.run import load_image
+from lumina.ingest.build_shards import BuildError, build_shards
+from lumina.ingest.encode import PixelEncoder
+from lumina.tokenizers.pixels import to_signed
+from lumina.tokenizers.rvq_quantizer import RVQImageTokenizer, RVQSettings
+from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer
+from lumina.tokenizers.text import WordTokenizer
+from lumina.tokenizers.token_files import TokenFileError, read_token_file, token_file_dict
 
 BUCKET, PREFIX = "lumina", "world/train"
 URL = f"s3://{BUCKET}/{PREFIX}"

@@ -7,8 +7,8 @@ import pytest
 import torch
 from reference_packing import reference_best_fit
 
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.packing import best_fit, collate_pack
-from lumina.data.sequence import TrainingSequence
 
 PAD = 156892
 

@@ -16,15 +16,15 @@ from pixel_helpers import picture, write_truncated_png
 from sample_helpers import NEWLINE
 
 from lumina.cli.data import main as cli_main
-from lumina.data.assets import save_assets
-from lumina.data.build import BuildError, build_shards
-from lumina.data.ingest import PixelEncoder
-from lumina.data.pixels import to_signed
+from lumina.data.dataset_assets import save_assets
 from lumina.data.storage import ParquetSampleDataset
-from lumina.data.tokenizers.image_rvq import RVQImageTokenizer, RVQSettings
-from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer
-from lumina.data.tokenizers.visual import check_unchanged, directory_fingerprint
-from lumina.data.visual_tokenizers import load_visual_tokenizer
+from lumina.ingest.build_shards import BuildError, build_shards
+from lumina.ingest.encode import PixelEncoder
+from lumina.tokenizers.pixels import to_signed
+from lumina.tokenizers.registry import load_visual_tokenizer
+from lumina.tokenizers.rvq_quantizer import RVQImageTokenizer, RVQSettings
+from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer
+from lumina.tokenizers.visual import check_unchanged, directory_fingerprint
 
 SIZE = 16
 
@@ -39,7 +39,7 @@ def tokenizer() -> RVQVisualTokenizer:
 
 @pytest.fixture
 def tokens():
-    from lumina.data.special_tokens import SpecialTokens
+    from lumina.contract.special_tokens import SpecialTokens
 
     return SpecialTokens.official(newline=NEWLINE).replace(codebook_size=16, num_codebooks=3)
 

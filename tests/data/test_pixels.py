@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 from pixel_helpers import write_truncated_png
 
-from lumina.data.pixels import PixelError, Preparation, read_image, to_signed, to_uint8
+from lumina.tokenizers.pixels import PixelError, Preparation, read_image, to_signed, to_uint8
 
 
 def gradient(height: int, width: int) -> np.ndarray:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from synthetic_source import SyntheticSource
 
-from lumina.data.dataset import keys_for
-from lumina.data.plan import PLAN_VERSION, PackSchedule, deal, padding_packs, plan_epoch, steps_left
+from lumina.data.epoch_plan import PLAN_VERSION, PackSchedule, deal, padding_packs, plan_epoch, steps_left
+from lumina.data.packed_dataset import keys_for
 
 BASE = [5, 9, 3, 7, 12, 4, 6, 8, 2, 10, 11, 3, 5, 7, 9, 1, 6, 8, 14, 2, 3, 4, 13, 5, 6]
 
@@ -54,7 +54,7 @@ def test_plan_covers_every_sample_once_per_epoch() -> None:
 def test_ranks_partition_the_epoch_with_equal_steps(caplog: pytest.LogCaptureFixture) -> None:
     world = 3
     scheds = [make_schedule(world, r) for r in range(world)]
-    with caplog.at_level(logging.INFO, logger="lumina.data.plan"):
+    with caplog.at_level(logging.INFO, logger="lumina.data.epoch_plan"):
         dealt = [s.begin(0) for s in scheds]
     num_packs = scheds[0].plan().num_packs
     assert len({len(d) for d in dealt}) == 1
@@ -86,7 +86,7 @@ def remaining_after(world_from: int, steps: int, world_to: int) -> tuple[list[li
 
 @pytest.mark.parametrize(("world_from", "world_to"), [(2, 1), (1, 2), (2, 3), (2, 2)])
 def test_redeal_remaining_packs(world_from: int, world_to: int, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="lumina.data.plan"):
+    with caplog.at_level(logging.WARNING, logger="lumina.data.epoch_plan"):
         dealt, cursor, num_packs = remaining_after(world_from, 2, world_to)
     assert cursor == 2 * world_from
     real = [p for d in dealt for p in d if p is not None]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from lumina.data.noise import NoiseConfig
-from lumina.data.schedules import SCHEDULES, build_schedule
 from lumina.model.config import LuminaConfig
+from lumina.schedules import SCHEDULES, build_schedule
 from lumina.training.data_factory import build_datamodule
 from lumina.training.errors import ConfigError
 

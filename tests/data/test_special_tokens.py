@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.special_tokens import SpecialTokens
 
 
 def test_official_ids_match_the_contract():

@@ -10,8 +10,8 @@ import pytest
 import torch
 from sample_helpers import NEWLINE, assert_samples_equal, codes, mixed_samples
 
-from lumina.data.schema import Media, Sample, Text, Turn
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.storage import (
     LENGTH_COLUMNS,
     InMemorySampleDataset,

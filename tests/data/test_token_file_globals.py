@@ -1,4 +1,4 @@
-"""What a token file's pickle may ask for (`lumina.data.token_files`): torch's weights_only allow-list (the
+"""What a token file's pickle may ask for (`lumina.tokenizers.token_files`): torch's weights_only allow-list (the
 official files hold torch tensors in a dict; an `OrderedDict` is one of torch's plain containers) plus the NumPy
 globals of `NUMPY_GLOBALS`; anything else is refused naming the file and the globals."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lumina.data.token_files import TokenFileError, read_token_file
+from lumina.tokenizers.token_files import TokenFileError, read_token_file
 
 # a 1 x 2 image: coords (batch, time, row, col), 8 codebooks of codes < 4096 (AToken's sizes)
 COORDS = [[0, 0, 0, 0], [0, 0, 0, 1]]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sample_helpers import Shell
 
-from lumina.data.token_files import TokenFileError, read_token_file, token_file_dict
+from lumina.tokenizers.token_files import TokenFileError, read_token_file, token_file_dict
 
 
 def image_rows(h: int, w: int, columns: int = 5) -> list[list[int]]:

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from lumina.data.tokenizers import (
+from lumina.tokenizers import (
     SPECIAL_TOKEN_STRINGS,
     HFTokenizer,
     RVQImageTokenizer,
@@ -17,10 +17,10 @@ from lumina.data.tokenizers import (
     WordTokenizer,
     special_tokens_of,
 )
-from lumina.data.world.checker import check_image
-from lumina.data.world.dataset import cached_world_image_tokenizer, fit_world_image_tokenizer, render_specs
-from lumina.data.world.scene import JITTER, ObjectSpec, combinations_in
-from lumina.data.world.tasks import all_text_qa, edit_pairs, make_items, world_words
+from lumina.world.checker import check_image
+from lumina.world.dataset import cached_world_image_tokenizer, fit_world_image_tokenizer, render_specs
+from lumina.world.scene import JITTER, ObjectSpec, combinations_in
+from lumina.world.tasks import all_text_qa, edit_pairs, make_items, world_words
 
 SMALL = RVQSettings(patch_size=4, codebook_size=64, num_codebooks=4, kmeans_iters=10, seed=0)
 

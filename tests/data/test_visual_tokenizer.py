@@ -11,17 +11,17 @@ import torch
 from pixel_helpers import write_pictures
 
 from lumina.cli.data import main as cli_main
-from lumina.data.fit_tokenizer import fit_on_files, heldout_indices, read_images
-from lumina.data.pixels import Preparation
-from lumina.data.tokenizers.image_rvq import RVQSettings
-from lumina.data.tokenizers.rvq_visual import RVQVisualTokenizer, psnr
-from lumina.data.tokenizers.visual import (
+from lumina.ingest.fit_tokenizer import fit_on_files, heldout_indices, read_images
+from lumina.tokenizers.pixels import Preparation
+from lumina.tokenizers.registry import load_visual_tokenizer
+from lumina.tokenizers.rvq_quantizer import RVQSettings
+from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer, psnr
+from lumina.tokenizers.visual import (
     VisualTokenizerRecord,
     check_fits_model,
     check_unchanged,
     directory_fingerprint,
 )
-from lumina.data.visual_tokenizers import load_visual_tokenizer
 
 SETTINGS = RVQSettings(patch_size=4, codebook_size=32, num_codebooks=4, kmeans_iters=10, seed=3)
 PSNR_FLOOR_DB = 20.0  # held-out pictures (boxes at unseen places on plain backgrounds, noise sd 2): 22.1 dB measured
@@ -118,7 +118,7 @@ def test_record_names_and_guards_the_tokenizer(tmp_path, fitted):
 
 
 def test_builtin_is_the_world_tokenizer():
-    from lumina.data.world.dataset import cached_world_image_tokenizer
+    from lumina.world.dataset import cached_world_image_tokenizer
 
     builtin = load_visual_tokenizer("builtin")
     assert builtin.image_size == 32 and torch.equal(builtin.rvq.codebooks, cached_world_image_tokenizer().codebooks)
@@ -128,10 +128,10 @@ def test_builtin_is_the_world_tokenizer():
 
 def test_tokenizer_modules_import_neither_each_other_nor_the_world():
     """No import circle, deferred imports included: visual.py (the base) imports no implementation, and no
-    tokenizer module imports the world (the registry, lumina.data.visual_tokenizers, resolves 'builtin')."""
+    tokenizer module imports the world (the registry, lumina.tokenizers.registry, resolves 'builtin')."""
     import ast
 
-    from lumina.data import tokenizers
+    from lumina import tokenizers
 
     def imported(path) -> set[str]:
         tree = ast.parse(path.read_text())
@@ -140,5 +140,5 @@ def test_tokenizer_modules_import_neither_each_other_nor_the_world():
 
     folder = Path(tokenizers.__file__).parent
     for path in folder.glob("*.py"):
-        assert not {m for m in imported(path) if m.startswith("lumina.data.world")}, path.name
-    assert not imported(folder / "visual.py") & {"lumina.data.tokenizers.rvq_visual", "lumina.data.tokenizers.atoken"}
+        assert not {m for m in imported(path) if m.startswith("lumina.world")}, path.name
+    assert not imported(folder / "visual.py") & {"lumina.tokenizers.rvq_tokenizer", "lumina.tokenizers.atoken"}

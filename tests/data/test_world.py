@@ -7,13 +7,13 @@ import torch
 from sample_helpers import assert_samples_equal
 
 from lumina.cli.data import main as cli_main
-from lumina.data.schema import Media, Text
+from lumina.contract.schema import Media, Text
 from lumina.data.storage import ParquetSampleDataset
-from lumina.data.tokenizers import RVQSettings, WordTokenizer
-from lumina.data.world.checker import check_image, classify_image
-from lumina.data.world.dataset import build_world, fit_world_image_tokenizer
-from lumina.data.world.scene import SPLIT_OF, SPLITS, ObjectSpec, all_combinations, combinations_in, render
-from lumina.data.world.tasks import TEXT_QA_BY_SPLIT, caption, edit_instruction, make_items, task_counts
+from lumina.tokenizers import RVQSettings, WordTokenizer
+from lumina.world.checker import check_image, classify_image
+from lumina.world.dataset import build_world, fit_world_image_tokenizer
+from lumina.world.scene import SPLIT_OF, SPLITS, ObjectSpec, all_combinations, combinations_in, render
+from lumina.world.tasks import TEXT_QA_BY_SPLIT, caption, edit_instruction, make_items, task_counts
 
 SMALL = RVQSettings(kmeans_iters=8)
 

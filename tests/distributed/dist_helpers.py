@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaConfig
 
 M = -100

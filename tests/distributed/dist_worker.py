@@ -36,10 +36,10 @@ from lumina.distributed import (
     total_grad_norm,
     tracked_modules,
 )
-from lumina.distributed.plan import OFFICIAL_PLAN
-from lumina.distributed.sequence import SequenceShard
+from lumina.distributed.parallel_plan import OFFICIAL_PLAN
+from lumina.distributed.sequence_parallel import SequenceShard
 from lumina.model import LuminaModel
-from lumina.model.checkpointing import RoutingTape, apply_checkpointing
+from lumina.model.activation_checkpointing import RoutingTape, apply_checkpointing
 from lumina.model.compile import apply_compile
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 

@@ -15,8 +15,8 @@ from lumina.distributed import (
     parse_plan,
     resolve_plan,
 )
+from lumina.distributed.parallel_plan import expert_parameter_names
 from lumina.distributed.parallelize import check_supported
-from lumina.distributed.plan import expert_parameter_names
 from lumina.model import GroupedExperts, LuminaModel
 
 

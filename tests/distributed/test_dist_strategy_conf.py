@@ -117,7 +117,7 @@ def test_a_bad_sequence_parallel_size_is_refused_naming_it(sp, world, match) -> 
     (2, 6, 3, r"strategy.parallel.sp=2 and num_key_value_heads=3: one must divide the other"),
 ])
 def test_heads_that_sp_cannot_split_are_refused(sp, heads, kv_heads, match) -> None:
-    from lumina.distributed.sequence import check_heads
+    from lumina.distributed.sequence_parallel import check_heads
 
     with pytest.raises(ValueError, match=match):
         check_heads(sp, heads, kv_heads)

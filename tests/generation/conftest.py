@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
 

@@ -7,8 +7,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from lumina.data.schema import Text
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.schema import Text
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.generation import ImageSamplingConfig, Prompt, TextSamplingConfig, generate_images, generate_text
 from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
@@ -44,7 +44,7 @@ def run_worker(rank: int, world: int, init_file: str, out_dir: str, text_keys: l
                image_keys: list[list[int]], eval_keys: list[int]) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    from lumina.generation.world_eval import _sharded
+    from lumina.world.evaluation import _sharded
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -59,7 +59,7 @@ def run_worker(rank: int, world: int, init_file: str, out_dir: str, text_keys: l
                 fully_shard(model)
             else:  # lumina's plan: experts split over 2 ep ranks (all-to-all dispatch), heads as their own units
                 from lumina.distributed import ParallelConfig, build_meshes, parallelize
-                from lumina.distributed.plan import OFFICIAL_PLAN
+                from lumina.distributed.parallel_plan import OFFICIAL_PLAN
 
                 config = ParallelConfig(ep=2)
                 meshes = build_meshes(config.resolve(world), "cpu")

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from lumina.cli.data import main as data_main
-from lumina.data.token_files import read_token_file
+from lumina.tokenizers.token_files import read_token_file
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
 from gen_helpers import generate  # noqa: E402
@@ -103,7 +103,7 @@ def test_generate_t2i_png_of_the_asked_size_and_understand_an_image_file(trained
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_generate_never_moves_atoken_off_cuda_silently(trained):
     root, _ = trained
-    from lumina.data.tokenizers.atoken import ATokenUnavailable
+    from lumina.tokenizers.atoken import ATokenUnavailable
 
     with pytest.raises(ATokenUnavailable, match=r"AToken runs on CUDA"):
         _generate(root, "auto", ["task=t2i", 'prompts=["a red box"]', "height=32", "width=48"])

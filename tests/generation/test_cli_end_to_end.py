@@ -11,8 +11,8 @@ import sys
 import pytest
 from PIL import Image
 
-from lumina.data.world.scene import ObjectSpec, render
-from lumina.generation.world_eval import save_png
+from lumina.world.evaluation import save_png
+from lumina.world.scene import ObjectSpec, render
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
 
@@ -34,7 +34,7 @@ def trained(tmp_path_factory):
     _run([TRAIN, "experiment=debug", "trainer.max_steps=2", "logger=none", "callbacks.progress_bar=null",
           "callbacks.expert_usage=null", "trainer.enable_model_summary=false", "data.sources.0.options.num_samples=40",
           "data.sources.0.options.val_samples=8",
-          "+callbacks.generation_eval._target_=lumina.training.evaluation.GenerationEvalCallback",
+          "+callbacks.generation_eval._target_=lumina.world.callback.GenerationEvalCallback",
           f"+callbacks.generation_eval.dirpath={run_dir}/eval", "+callbacks.generation_eval.num_items=1",
           "+callbacks.generation_eval.every_n_steps=1",
           "+callbacks.generation_eval.image_steps=2", "+callbacks.generation_eval.text_length=4",
@@ -125,8 +125,8 @@ def test_generate_edit_and_text_without_an_image_decoder(trained, tmp_path):
     token file and writes raw code grids {"indices": [N, C], "coords": (0, 0, row, col, 0)}; task=text answers."""
     import torch
 
-    from lumina.data.world.dataset import world_text_tokenizer
     from lumina.generation.run import run
+    from lumina.world.dataset import world_text_tokenizer
 
     vocab = world_text_tokenizer().save(tmp_path / "words.json")
     source = tmp_path / "source.pt"
@@ -160,9 +160,9 @@ def test_world_checkpoints_carry_their_vocabulary_and_older_ones_are_refused(tra
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
 
-    from lumina.data.tokenizers.text import SPECIAL_TOKEN_STRINGS, WordTokenizer
-    from lumina.data.world.dataset import world_text_tokenizer
     from lumina.generation.run import run
+    from lumina.tokenizers.text import SPECIAL_TOKEN_STRINGS, WordTokenizer
+    from lumina.world.dataset import world_text_tokenizer
 
     assert WordTokenizer.load(trained / "hf" / "tokenizer.json").vocab == world_text_tokenizer().vocab
     old = tmp_path / "old"

@@ -7,7 +7,7 @@ import torch
 from test_image_sampler import _fix_channel_head
 from test_text_sampler import _favour_token
 
-from lumina.data.schema import Text
+from lumina.contract.schema import Text
 from lumina.generation import ImageSamplingConfig, Prompt, TextSamplingConfig, generate_images, generate_text
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

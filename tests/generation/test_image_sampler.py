@@ -9,11 +9,11 @@ import pytest
 import torch
 from gen_helpers import record_backbone_packs
 
-from lumina.data.layout import layout_eval
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.data.layout_pieces import concat_pieces, layout_image_answer, layout_prompt
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import layout_eval
 from lumina.generation import ImageSamplingConfig, Prompt, StepTrace, generate_images
 
 

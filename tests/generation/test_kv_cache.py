@@ -12,8 +12,8 @@ import torch
 from gen_helpers import compare_decisions, record_decisions
 
 from lumina.attention import AttentionRule, KVCache, build_spec
+from lumina.contract.schema import Media, Text
 from lumina.data.packing import collate_pack
-from lumina.data.schema import Media, Text
 from lumina.generation import ImageSamplingConfig, Prompt, TextSamplingConfig, generate_images, generate_text
 from lumina.generation.sequences import image_sequence, prompt_piece, text_sequence
 

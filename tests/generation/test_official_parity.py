@@ -20,14 +20,14 @@ from gen_helpers import compare_decisions, record_decisions
 from official import cases
 from official.interface import write_tiny_checkpoint
 
-from lumina.data.schema import Media, Text
-from lumina.data.token_files import read_token_file
-from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
+from lumina.contract.schema import Media, Text
 from lumina.generation.assets import load_model
-from lumina.generation.config import TextSamplingConfig
 from lumina.generation.run import run
+from lumina.generation.sampling_config import TextSamplingConfig
 from lumina.generation.sequences import Prompt
 from lumina.generation.text import generate_text
+from lumina.tokenizers.text import HFTokenizer, special_tokens_of
+from lumina.tokenizers.token_files import read_token_file
 
 EXPECTED = json.loads((Path(__file__).parent / "official" / "parity.json").read_text())
 SYSTEM = json.loads((Path(__file__).parent / "official" / "sequences.json").read_text())["system_prompts"]

@@ -15,14 +15,14 @@ import torch
 from official import cases
 from omegaconf import OmegaConf
 
-from lumina.data.layout import layout_eval, layout_sample
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.data.noise import NoiseConfig
-from lumina.data.schema import Media, Sample, Text, Turn
-from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
+from lumina.data.sequence_layout import layout_eval, layout_sample
 from lumina.generation.assets import GenerationAssets
 from lumina.generation.run import _prompt
 from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, text_sequence
 from lumina.generation.settings import SETTINGS_DIR
+from lumina.tokenizers.text import HFTokenizer, special_tokens_of
 
 EXPECTED = json.loads((Path(__file__).parent / "official" / "sequences.json").read_text())
 SYSTEM = EXPECTED.pop("system_prompts")  # the official scripts' defaults
@@ -155,7 +155,7 @@ def test_training_cfg_dropout_is_the_official_negative(drop_text, drop_image, br
 @pytest.mark.parametrize("case", ["t2i", "edit", "understand_image", "understand_mid_text", "text_qa"])
 def test_lumina_generate_builds_the_official_request(case, tok, tokens, tmp_path):
     """`lumina-generate`'s prompt construction from a prompt string (and a 5-column token file), with its own
-    copy of the official system prompts (conf/generate/official.yaml -> lumina.data.prompts), equals the
+    copy of the official system prompts (conf/generate/official.yaml -> lumina.contract.system_prompts), equals the
     official sequence."""
     assets = GenerationAssets(tok, tokens, None, "fixture")
     settings = OmegaConf.load(SETTINGS_DIR / "official.yaml")

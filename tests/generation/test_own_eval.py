@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.generation.own_eval import held_out_dataset, task_of
 
 IMAGE = Media("image", torch.zeros(4, 2, dtype=torch.long), (2, 2))

@@ -6,9 +6,9 @@ import pytest
 import torch
 from gen_helpers import record_backbone_packs
 
-from lumina.data.layout import layout_eval
+from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.data.noise import NoiseConfig
-from lumina.data.schema import Media, Sample, Text, Turn
+from lumina.data.sequence_layout import layout_eval
 from lumina.generation import Prompt, TextSamplingConfig, generate_text
 from lumina.generation.sampling import filter_top_k_top_p
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumina.data.world.checker import check_image
-from lumina.data.world.dataset import cached_world_image_tokenizer, render_specs
-from lumina.data.world.scene import ObjectSpec, combinations_in
-from lumina.data.world.tasks import WorldItem
-from lumina.generation.world_eval import answer_chance, sample_grid, score
+from lumina.world.checker import check_image
+from lumina.world.dataset import cached_world_image_tokenizer, render_specs
+from lumina.world.evaluation import answer_chance, sample_grid, score
+from lumina.world.scene import ObjectSpec, combinations_in
+from lumina.world.tasks import WorldItem
 
 
 @pytest.fixture(scope="module")

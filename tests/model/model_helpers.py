@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 
 C = 4  # codebooks of the tiny config
 

@@ -12,9 +12,9 @@ import torch
 from model_helpers import MIXED_TYPES, make_batch
 from omegaconf import OmegaConf
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
-from lumina.model.checkpointing import RoutingTape, apply_checkpointing
+from lumina.model.activation_checkpointing import RoutingTape, apply_checkpointing
 from lumina.model.config import CHECKPOINT_POLICIES
 from lumina.model.routers import ROUTERS, MoERouter
 from lumina.objective import LuminaObjective
@@ -173,7 +173,7 @@ def test_channel_head_recomputed_in_row_chunks_matches_none(policy: str, monkeyp
     """With chunks of 3 image rows (the pack has 4 supervised image rows: two chunks), the channel head's
     parameter gradients are sums over chunks, and the backbone's gradients follow from the chunked head's
     input gradients: all equal to `none` to fp32 rounding (bitwise on some CPUs' kernels, not on all)."""
-    import lumina.model.checkpointing as checkpointing
+    import lumina.model.activation_checkpointing as checkpointing
 
     monkeypatch.setattr(checkpointing, "CHANNEL_CHECKPOINT_ROWS", 3)
     batch = make_batch(MIXED_TYPES)

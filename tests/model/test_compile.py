@@ -13,9 +13,9 @@ import torch
 from model_helpers import MIXED_TYPES, make_batch
 from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
-from lumina.model.checkpointing import RoutingTape, apply_checkpointing
+from lumina.model.activation_checkpointing import RoutingTape, apply_checkpointing
 from lumina.model.compile import apply_compile, compiled_graphs
 from lumina.objective import LuminaObjective
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lumina.checkpoint import resolve_dtype
-from lumina.distributed.config import ParallelConfig
+from lumina.distributed.parallel_config import ParallelConfig
 from lumina.model.dtypes import float_dtype, float_dtype_of_size
 from lumina.training.memory_estimate import Precision
 from lumina.training.throughput import compute_dtype

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 from lumina.model import GroupedExperts, LocalDispatcher, LuminaConfig, MoE
-from lumina.model.dispatch import group_by_expert
 from lumina.model.experts import (
     combine_copies,
     experts_per_rank,
@@ -15,6 +14,7 @@ from lumina.model.experts import (
     grouped_swiglu,
     inverse_permutation,
 )
+from lumina.model.moe_dispatch import group_by_expert
 
 E, H, INTER, K = 8, 32, 16, 2
 

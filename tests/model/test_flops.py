@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from lumina.data.roles import IGNORE_INDEX
+from lumina.contract.roles import IGNORE_INDEX
 from lumina.model import LuminaConfig, LuminaModel
 from lumina.model.flops import attention_pairs, batch_flops, pack_attention_pairs, training_flops
 from lumina.model.supervision import PackRows, segment_lengths
@@ -112,7 +112,7 @@ def test_heads_cost_only_supervised_rows(world_pack) -> None:
 @pytest.mark.parametrize("backend", ["sdpa_dense", "segmented"])
 def test_sequence_parallel_windows_add_up_to_the_pack(world_pack, backend: str) -> None:
     """Each sp rank counts its own rows and 1/sp of the pack's attention (it attends with heads / sp)."""
-    from lumina.distributed.sequence import SequenceShard
+    from lumina.distributed.sequence_parallel import SequenceShard
 
     windows = [SequenceShard(rank, 2, 0).local(world_pack) for rank in (0, 1)]
     whole, parts = PackRows.of(world_pack), [PackRows.of(w) for w in windows]

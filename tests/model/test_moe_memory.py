@@ -14,8 +14,8 @@ from lumina_reference import moe as reference_moe
 from torch.utils.checkpoint import checkpoint
 
 from lumina.model import LocalDispatcher, LuminaConfig, MoE, SigmoidRouter
-from lumina.model.dispatch import group_by_expert
 from lumina.model.experts import RoutedCopies, combine_copies, inverse_permutation, routed_swiglu
+from lumina.model.moe_dispatch import group_by_expert
 
 # the small config of the memory figures: hidden 256, 64 experts top-8, groups 8/4, moe_intermediate 128
 SMALL = dict(hidden_size=256, num_experts=64, num_experts_per_tok=8, n_group=8, topk_group=4,

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaConfig, LuminaModel
 from lumina.objective import BalanceConfig, LuminaObjective, ObjectiveConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lumina.data.batch import PackedBatch
+from lumina.contract.batch import PackedBatch
 from lumina.model import LuminaOutput
 from lumina.model.heads import Head, LuminaHeads
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from lumina.contract.schema import Text
 from lumina.data.packing import collate_pack
-from lumina.data.schema import Text
 from lumina.generation.image import generate_images
 from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, text_sequence
 from lumina.post_training.estimators import ESTIMATORS, build_estimator

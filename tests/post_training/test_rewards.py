@@ -5,12 +5,12 @@ from __future__ import annotations
 import hydra
 import pytest
 
-from lumina.data.world.dataset import cached_world_image_tokenizer, world_text_tokenizer
-from lumina.data.world.scene import ObjectSpec, render
-from lumina.data.world.tasks import WorldItem
 from lumina.generation.sequences import Prompt
 from lumina.post_training.rewards import ExactMatch, Rewards, WorldCheck
 from lumina.post_training.samples import Completion, RLPrompt
+from lumina.world.dataset import cached_world_image_tokenizer, world_text_tokenizer
+from lumina.world.scene import ObjectSpec, render
+from lumina.world.tasks import WorldItem
 
 TARGET = ObjectSpec("circle", "red", "large", "top left")
 

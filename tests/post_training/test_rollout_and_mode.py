@@ -9,7 +9,7 @@ import pytest
 import torch
 from toy_rewards import low_codes, short_answer
 
-from lumina.data.schema import Text
+from lumina.contract.schema import Text
 from lumina.generation.sequences import Prompt
 from lumina.post_training.mode import PostTraining, PostTrainingConfig
 from lumina.post_training.prompts import PromptBatch

@@ -16,8 +16,8 @@ from PIL import Image
 from train_helpers import quiet, run_cli
 
 from lumina.cli.data import main as data_main
-from lumina.data.schema import Media, Sample, Text, Turn
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.training.conditioning import ignoring_input, per_codebook, uses_input
 
 COLOURS = {"red": (220, 40, 30), "green": (40, 190, 70), "blue": (30, 60, 210), "white": (240, 240, 240)}

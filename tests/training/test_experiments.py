@@ -15,9 +15,9 @@ from train_helpers import CONF_DIR, compose_train, quiet, small_data
 
 from lumina.checkpoint import save_pretrained
 from lumina.checkpoint.official_parts import unofficial_parts
-from lumina.data.world import world_text_tokenizer
 from lumina.model import LuminaConfig, LuminaModel
 from lumina.training.run import run
+from lumina.world import world_text_tokenizer
 
 EXPERIMENTS = sorted(
     str(p.relative_to(CONF_DIR / "experiment").with_suffix(""))

@@ -13,9 +13,9 @@ import torch.distributed.checkpoint as dcp
 from train_helpers import compose_train, quiet, small_data
 
 from lumina.checkpoint import load_pretrained, save_pretrained
-from lumina.data.batch import PackedBatch
-from lumina.data.schema import Text
-from lumina.data.special_tokens import SpecialTokens
+from lumina.contract.batch import PackedBatch
+from lumina.contract.schema import Text
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.distributed.dcp_io import load_dcp_weights
 from lumina.generation import ImageSamplingConfig, Prompt, generate_images
 from lumina.model import LuminaConfig, LuminaModel

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from train_helpers import compose_train
 
-from lumina.data.layout import layout_sample
+from lumina.contract.schema import Media, Sample, Text, Turn
+from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.noise import NoiseConfig
-from lumina.data.schema import Media, Sample, Text, Turn
-from lumina.data.special_tokens import SpecialTokens
+from lumina.data.sequence_layout import layout_sample
 from lumina.model.rotary import inverse_frequencies
 
 SAMPLE_ROWS = 90  # a 32 px picture's caption or t2i sample: 8 x 8 cells, row markers and the prompt

@@ -1,4 +1,4 @@
-"""The square masking schedule (lumina/data/schedules/square.py), chosen by name: its hand values; training on
+"""The square masking schedule (lumina/schedules/square.py), chosen by name: its hand values; training on
 the built-in world with the real Trainer under the FSDP2 strategy (a DCP checkpoint); the checkpoint and the HF
 export carrying the name and lumina's reader and `lumina-generate`'s loader rebuilding it; the samplers and the
 training noise both following the one name; the official layout refusing it."""
@@ -14,15 +14,15 @@ import torch
 from train_helpers import run_cli, small_data
 
 from lumina.checkpoint import load_pretrained, save_pretrained
-from lumina.data.roles import TokenType
-from lumina.data.schedules import build_schedule
-from lumina.data.schema import Text
+from lumina.contract.roles import TokenType
+from lumina.contract.schema import Text
 from lumina.distributed import load_dcp_weights
 from lumina.generation import Prompt, TextSamplingConfig, generate_text
 from lumina.generation.assets import load_assets, load_model
-from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.image import generate_images
+from lumina.generation.sampling_config import ImageSamplingConfig
 from lumina.model import LuminaConfig, LuminaModel
+from lumina.schedules import build_schedule
 from lumina.training.data_factory import build_datamodule
 
 STEPS = 40

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from lumina.attention.bounds import resolve_seg_bounds
-from lumina.data.roles import TokenType
+from lumina.contract.roles import TokenType
 from lumina.parts import Registry
 
 # plain ints: the rule is also traced into flex-attention's compiled mask_mod

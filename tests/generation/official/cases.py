@@ -25,7 +25,7 @@ SPECIALS = {  # utils/tokenizer_contract.py, plus pad
     "<VIDEO_CONTEXT>": 157161, "<answer>": 157165, "</answer>": 157166, "<BOI>": 157167, "<EOI>": 157168,
     "<BO3d>": 157169, "<EO3d>": 157170, "<BOV>": 157171, "<EOV>": 157172,
 }
-# the official scripts' default system prompts, keyed like lumina.data.prompts: read from the official modules
+# the official scripts' default system prompts, keyed like lumina.contract.system_prompts: read from the official modules
 # by make_fixtures.py (official_system_prompts) and recorded in sequences.json ("system_prompts")
 # user texts of the cases (as a client passes them to the official scripts)
 USER = {

@@ -22,9 +22,9 @@ from torch import nn
 
 from lumina.attention import allowed_mask
 from lumina.checkpoint.save import save_pretrained
+from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.training_sequence import TrainingSequence
 from lumina.data.packing import collate_pack
-from lumina.data.sequence import TrainingSequence
-from lumina.data.special_tokens import SpecialTokens
 from lumina.model import LuminaModel
 from lumina.model.config import LuminaConfig
 

@@ -130,7 +130,7 @@ def main() -> None:
 
 
 def official_system_prompts(mmu, video, d3, t2i) -> dict[str, str]:
-    """The scripts' default system prompts, keyed like lumina.data.prompts."""
+    """The scripts' default system prompts, keyed like lumina.contract.system_prompts."""
     return {"text": mmu.DEFAULT_SYSTEM_PROMPTS["text"], "understand": mmu.DEFAULT_SYSTEM_PROMPTS["under"],
             "understand_video": video.DEFAULT_SYSTEM_PROMPT, "understand_mesh3d": d3.DEFAULT_SYSTEM_PROMPT,
             "t2i": t2i.DEFAULT_SYSTEM_PROMPTS["t2i"], "edit": t2i.DEFAULT_SYSTEM_PROMPTS["single_edit"]}
@@ -143,8 +143,8 @@ def parity_outputs(tok, system, mmu, t2i, video, load_image_tokens, load_video_t
     metadata); images as generate_single_image_sft (generate_image_ar; guidance 0, single or dual)."""
     from interface import OfficialInterface, write_tiny_checkpoint
 
-    from lumina.data.tokenizers.text import HFTokenizer, special_tokens_of
     from lumina.generation.assets import load_model
+    from lumina.tokenizers.text import HFTokenizer, special_tokens_of
 
     S, U = system, cases.USER
     out: dict = {}

@@ -1,5 +1,0 @@
-"""The built-in procedural scene world: scenes, the ground-truth checker, tasks and the dataset."""
-
-from lumina.data.world.dataset import build_world, world_text_tokenizer
-
-__all__ = ["build_world", "world_text_tokenizer"]
