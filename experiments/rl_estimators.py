@@ -17,9 +17,9 @@ import torch
 
 from lumina.checkpoint import load_pretrained
 from lumina.post_training.estimators import build_estimator
-from lumina.post_training.prompts import PromptDataModule
 from lumina.post_training.rollout import RolloutConfig, rollout
 from lumina.post_training.scoring import score_views
+from lumina.world.rl_prompts import WorldPrompts
 
 ESTIMATORS = {"text": ["one_step", "coupled", "blockwise"], "image": ["trajectory", "remask"]}
 
@@ -34,7 +34,7 @@ def main() -> None:
     model = load_pretrained(args.checkpoint).eval()
     config = RolloutConfig(group_size=args.group)
     for task, modality in (("vqa", "text"), ("t2i", "image")):
-        data = PromptDataModule(args.prompts, num_items=200, mix={task: 1.0})
+        data = WorldPrompts(args.prompts, num_items=200, mix={task: 1.0})
         data.setup()
         completions = rollout(model, data.prompts_for(0), config, data.tokens, step=0)
         tokens = torch.tensor([float(c.num_tokens) for c in completions])

@@ -223,7 +223,7 @@ def digests(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
     """The good inputs every case copies: a tiny checkpoint and a picture of the built-in world."""
-    from lumina.world.evaluation import save_png
+    from lumina.tokenizers.pixels import save_png
     from lumina.world.scene import ObjectSpec, render
 
     root = tmp_path_factory.mktemp("good")

@@ -24,10 +24,11 @@ import numpy as np
 import torch
 from PIL import Image
 
+from lumina.contract.tasks import task_of
 from lumina.data.noise import NoiseConfig
 from lumina.generation.assets import load_assets, load_model
 from lumina.generation.image import generate_images
-from lumina.generation.own_eval import _decode, _prompt, held_out_dataset, task_of
+from lumina.generation.own_eval import _decode, _prompt, held_out_dataset
 from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.text import generate_text
 from lumina.objective import LuminaObjective

@@ -14,9 +14,9 @@ import torch
 
 from lumina.attention.backend import backend_class
 from lumina.attention.bounds import check_bounds, resolve_seg_bounds
-from lumina.attention.rules import AUTO, AttentionRule, Rows, resolve_rule, segment_ids
+from lumina.attention.rules import AUTO, AttentionRule, Rows, resolve_rule
 from lumina.attention.runs import Run, group_runs
-from lumina.contract.batch import PackedBatch
+from lumina.contract.batch import PackedBatch, segment_ids
 
 ALLOWED_CHUNK = 1 << 24  # elements per rule evaluation chunk (bounds the temporaries of `allowed`)
 

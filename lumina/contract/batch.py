@@ -246,3 +246,9 @@ class PackedBatch:
     def pack_len(self) -> int:
         """Rows of the whole pack (this batch's own rows unless it is a window)."""
         return self.whole.seq_len if self.whole is not None else self.seq_len
+
+
+def segment_ids(cu_seqlens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[S] int64 segment index of every position; tail positions (>= cu_seqlens[-1]) get n (no segment)."""
+    positions = torch.arange(seq_len, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].long(), positions, right=True)

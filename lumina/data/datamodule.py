@@ -63,12 +63,14 @@ def check_field_types(config: Any, name: str) -> None:
 
 @dataclass
 class SourceSpec:
-    """A mixture source: name, weight, `path` (Parquet shards; None: the built-in world), source `options`."""
+    """A mixture source: name, weight, `path` (Parquet shards; None: the built-in dataset `builtin`, by
+    default the only one registered, `lumina.data.builtin`), source `options`."""
 
     name: str
     weight: float = 1.0
     path: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    builtin: str | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self, f"DataConfig.sources[{self.name!r}]")

@@ -1,5 +1,6 @@
 """What generation needs besides the weights: the text tokenizer, the special tokens, and the visual tokenizer
-(codes <-> pixels: the built-in world's, or the one a checkpoint carries in `visual_tokenizer/`)."""
+(codes <-> pixels: a plug-in's tokenizer set, e.g. the built-in world's, or the one a checkpoint carries in
+`visual_tokenizer/`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lumina.contract.special_tokens import SpecialTokens
 from lumina.data.dataset_assets import VISUAL_DIR
 from lumina.model.config import LuminaConfig
 from lumina.model.dtypes import float_dtype
-from lumina.tokenizers.registry import BUILTIN, load_visual_tokenizer
+from lumina.tokenizers.registry import TOKENIZER_SETS, TokenizerSet, load_visual_tokenizer, tokenizer_set_of
 from lumina.tokenizers.text import (
     VOCABULARY_CHANGE,
     HFTokenizer,
@@ -61,31 +62,31 @@ def load_model(checkpoint: str | Path, device: str = "cpu", dtype: str = "float3
 
 def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, image_tokenizer: str = "auto",
                 device: str | None = None) -> GenerationAssets:
-    """tokenizer: "world" (the built-in world tokenizers), a tokenizer.json path, or "auto" (the checkpoint's
-    tokenizer.json; the built-in world's when it holds the world's vocabulary; a checkpoint without one is
-    refused). image_tokenizer: "auto" (the checkpoint's visual_tokenizer/, else the built-in world's with
-    tokenizer=world, else none), "none", "builtin", "atoken" or a saved tokenizer directory; its codebooks must
-    be the model's. device: where the visual tokenizer runs (None / "auto": its default; AToken's is CUDA)."""
+    """tokenizer: a registered tokenizer set ("world": the built-in world's tokenizers), a tokenizer.json path,
+    or "auto" (the checkpoint's tokenizer.json; a tokenizer set's when it holds that set's vocabulary; a
+    checkpoint without one is refused). image_tokenizer: "auto" (the checkpoint's visual_tokenizer/, else the
+    tokenizer set's, else none), "none", a built-in name ("builtin"), "atoken" or a saved tokenizer directory;
+    its codebooks must be the model's. device: where the visual tokenizer runs (None / "auto": its default;
+    AToken's is CUDA). `name` of the result: the tokenizer set's name, else the tokenizer.json path."""
     directory = Path(checkpoint)
     if tokenizer == "auto":
         if not (directory / "tokenizer.json").is_file():
             raise FileNotFoundError(f"checkpoint={str(checkpoint)!r} has no tokenizer.json: pass tokenizer=PATH (or "
-                                    "tokenizer=world); built-in-world checkpoints made before "
-                                    f"{VOCABULARY_CHANGE} carry none and are refused")
+                                    f"a tokenizer set: {', '.join(TOKENIZER_SETS.names())}); built-in-world "
+                                    f"checkpoints made before {VOCABULARY_CHANGE} carry none and are refused")
         tokenizer = str(directory / "tokenizer.json")
-        if _is_world_vocabulary(tokenizer):
-            tokenizer = "world"
-    visual = _visual_tokenizer(directory, image_tokenizer, tokenizer == "world", config, device)
-    if tokenizer == "world":
-        from lumina.world.dataset import world_special_tokens, world_text_tokenizer
-
-        text = world_text_tokenizer()
-        image = visual or load_visual_tokenizer(BUILTIN)
-        _check_fits(config, text.vocab_size, image.codebook_size, image.num_codebooks)
-        return GenerationAssets(text, world_special_tokens(text, image), visual, "world")
+        tokenizer = _tokenizer_set_name(tokenizer) or tokenizer
+    found = TOKENIZER_SETS.find(tokenizer)
+    visual = _visual_tokenizer(directory, image_tokenizer, found, config, device)
+    if found is not None:
+        text = found.text()
+        image = visual or load_visual_tokenizer(found.visual)
+        _check_fits(tokenizer, config, text.vocab_size, image.codebook_size, image.num_codebooks)
+        return GenerationAssets(text, found.special_tokens(text, image), visual, tokenizer)
     path = Path(tokenizer)
     if not path.is_file():
-        raise FileNotFoundError(f"tokenizer={tokenizer!r}: no such tokenizer file")
+        raise FileNotFoundError(f"tokenizer={tokenizer!r}: no such tokenizer file (nor a tokenizer set: "
+                                f"{', '.join(TOKENIZER_SETS.names())})")
     try:
         text: TextTokenizer = WordTokenizer.load(path)
     except ValueError:
@@ -96,32 +97,31 @@ def load_assets(checkpoint: str | Path, tokenizer: str, config: LuminaConfig, im
     return GenerationAssets(text, tokens, visual, str(path))
 
 
-def _is_world_vocabulary(path: str) -> bool:
-    from lumina.world.dataset import world_text_tokenizer
-
+def _tokenizer_set_name(path: str) -> str | None:
+    """The tokenizer set whose vocabulary the word-level tokenizer.json at `path` holds, or None."""
     try:
-        return WordTokenizer.load(path).vocab == world_text_tokenizer().vocab
+        return tokenizer_set_of(WordTokenizer.load(path))
     except ValueError as error:
         if VOCABULARY_CHANGE in str(error):
             raise
-        return False
+        return None
 
 
-def _visual_tokenizer(checkpoint: Path, spec: str, world: bool, config: LuminaConfig,
+def _visual_tokenizer(checkpoint: Path, spec: str, tokenizer_set: TokenizerSet | None, config: LuminaConfig,
                       device: str) -> VisualTokenizer | None:
     if spec == "none":
         return None
     if spec == "auto":
         if not (checkpoint / VISUAL_DIR).is_dir():
-            return load_visual_tokenizer(BUILTIN) if world else None
+            return None if tokenizer_set is None else load_visual_tokenizer(tokenizer_set.visual)
         spec = str(checkpoint / VISUAL_DIR)
     visual = load_visual_tokenizer(spec, device=device)
     check_fits_model(visual, config.num_codebooks, config.codebook_size, f"image_tokenizer={spec}")
     return visual
 
 
-def _check_fits(config: LuminaConfig, vocab: int, codebook_size: int, num_codebooks: int) -> None:
+def _check_fits(name: str, config: LuminaConfig, vocab: int, codebook_size: int, num_codebooks: int) -> None:
     if vocab > config.vocab_size or codebook_size > config.codebook_size or num_codebooks != config.num_codebooks:
-        raise ValueError(f"tokenizer=world does not fit the checkpoint: world vocab {vocab} / {num_codebooks} "
+        raise ValueError(f"tokenizer={name} does not fit the checkpoint: {name} vocab {vocab} / {num_codebooks} "
                          f"codebooks of {codebook_size}, model vocab_size={config.vocab_size}, num_codebooks="
                          f"{config.num_codebooks}, codebook_size={config.codebook_size}")

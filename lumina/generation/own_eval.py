@@ -1,7 +1,8 @@
 """`lumina-generate task=eval eval.data=DIR`: evaluate a checkpoint on the held-out split of your own dataset.
 DIR is held-out Parquet shards, or a dataset root (its val/ or validation/ split). Each single-exchange sample
-is one item of the task its structure names: understand (text answer, prompt with media), text (text answer,
-text-only prompt), both scored by exact match (whitespace-normalised) and corpus BLEU (n_gram 4, smoothed);
+is one item of the request task its structure names (`lumina.contract.tasks.request_task`): understand (text
+answer, prompt with an image; understand_video / understand_mesh3d with those media), text (text answer,
+text-only prompt), all scored by exact match (whitespace-normalised) and corpus BLEU (n_gram 4, smoothed);
 t2i (image answer, text-only prompt) and edit (image answer, prompt with an image), drawn in the sample grid
 (prompt, truth | generated). Longer samples are counted in "skipped". Up to `num_items` items per task are
 drawn by a seeded permutation. `<task>/loss` is the held-out loss over all the task's samples, laid out as
@@ -20,6 +21,7 @@ from PIL import Image, ImageDraw
 from torch import nn
 
 from lumina.contract.schema import Media, Sample, Text
+from lumina.contract.tasks import TASKS, task_of
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
 from lumina.data.roots import dataset_root
@@ -35,7 +37,6 @@ from lumina.objective import LuminaObjective
 from lumina.objective.held_out import HeldOutLoss
 from lumina.tokenizers.pixels import to_uint8
 
-TEXT_TASKS = ("understand", "text")
 LABEL_HEIGHT = 12  # px of prompt text above each grid row
 
 
@@ -70,17 +71,6 @@ def held_out_dataset(path: str | Path, assets: GenerationAssets) -> ParquetSampl
             raise ValueError(f"eval.data={str(path)!r}: a dataset root without val/ or validation/")
         path = root.val
     return ParquetSampleDataset(path, tokens=assets.tokens)
-
-
-def task_of(sample: Sample) -> str | None:
-    """The task a sample's structure names (module docstring), None for more than one exchange."""
-    turns = [t for t in sample.turns if t.role != "system"]
-    if [t.role for t in turns] != ["user", "assistant"]:
-        return None
-    has_media = any(isinstance(p, Media) for p in turns[0].parts)
-    if any(isinstance(p, Media) for p in turns[1].parts):
-        return "edit" if has_media else "t2i"
-    return "understand" if has_media else "text"
 
 
 def _prompt(sample: Sample, key: int) -> tuple[Prompt, Text | Media]:
@@ -134,7 +124,7 @@ def evaluate_own(model: nn.Module, assets: GenerationAssets, config: OwnEvalConf
         chosen = sorted(indices, key=rank.__getitem__)[:config.num_items]
         prompts, truths = zip(*(_prompt(dataset[i], i) for i in chosen), strict=True)
         prompt_texts = [_decode(assets, [i for p in pr.parts if isinstance(p, Text) for i in p.ids]) for pr in prompts]
-        if task in TEXT_TASKS:
+        if not TASKS.get(task, "task").image_answer:
             outputs = generate_text(model, list(prompts), assets.tokens, config.text)
             said = [_decode(assets, out.ids) for out in outputs]
             wanted = [_decode(assets, truth.ids) for truth in truths]

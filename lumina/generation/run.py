@@ -11,7 +11,7 @@ input_max_edge (0: keep the size) and input_no_upscale, then a centre crop to mu
 task=understand | text -> <out>/answers.jsonl ({"prompt", "image", "answer", "finished"} per line)
 task=eval          -> <out>/eval.json + <out>/samples.png: with eval.data=DIR your own held-out split
                      (`lumina.generation.own_eval`: exact match, BLEU, a t2i grid, per-task loss), else the
-                     built-in world evaluation
+                     evaluation a plug-in registered for the checkpoint's tokenizer set (the built-in world's)
 Sampling settings, system prompts and dtype not given follow the checkpoint (`lumina.generation.settings`).
 adapter_dir=DIR: a LoRA adapter in PEFT's format put on the checkpoint unmerged (`lumina.adapters.load_peft_adapter`).
 """
@@ -28,9 +28,10 @@ from omegaconf import DictConfig
 
 from lumina.adapters import load_peft_adapter
 from lumina.contract.schema import Media, Part, Text
-from lumina.contract.system_prompts import system_prompt_task
+from lumina.contract.tasks import EDIT, T2I, TASKS, TEXT, UNDERSTAND, request_task
 from lumina.files.fs import is_file
 from lumina.generation.assets import GenerationAssets, load_assets, load_model, read_config
+from lumina.generation.evaluations import EVALUATIONS
 from lumina.generation.image import generate_images
 from lumina.generation.own_eval import OwnEvalConfig, evaluate_own
 from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
@@ -46,21 +47,19 @@ from lumina.generation.settings import (
 )
 from lumina.generation.text import generate_text
 from lumina.tokenizers.atoken import PATCH as ATOKEN_PATCH
-from lumina.tokenizers.pixels import Preparation, read_image, to_signed
-from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer
+from lumina.tokenizers.pixels import Preparation, read_image, save_png, to_signed
 from lumina.tokenizers.text import PLACEHOLDER_STRINGS
 from lumina.tokenizers.token_files import read_token_file, token_file_dict
-from lumina.world.evaluation import WorldEvalConfig, build_eval_set, evaluate_world, save_png
 
 DEFAULT_GRID = (8, 8)  # t2i without a visual tokenizer: the built-in world's 32 x 32 px images in 4 px patches
-TASKS = ("t2i", "edit", "understand", "text", "eval")
+CLI_TASKS = (*(task.name for task in (T2I, EDIT, UNDERSTAND, TEXT)), "eval")
 TOKEN_SUFFIXES = (".pkl", ".pt")  # official token files; any other file is read as an image
 
 
 def run(cfg: DictConfig) -> Path:
     task = cfg.task
-    if task not in TASKS:
-        raise ValueError(f"task={task!r}: expected one of {TASKS}")
+    if task not in CLI_TASKS:
+        raise ValueError(f"task={task!r}: expected one of {CLI_TASKS}")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = _device(cfg.device)
@@ -74,7 +73,7 @@ def run(cfg: DictConfig) -> Path:
     if task == "eval":
         return _run_eval(model, assets, cfg, settings, out)
     requests = read_prompts(cfg)
-    image_answer = task in ("t2i", "edit")
+    image_answer = TASKS.get(task, "task").image_answer
     prompts = [_prompt(i, r, assets, cfg, settings, task) for i, r in enumerate(requests)]
     lines: list[dict[str, Any] | None] = [None] * len(requests)
     pictures: dict[int, torch.Tensor] = {}
@@ -108,32 +107,21 @@ def _by_task(prompts: list[Prompt], image_answer: bool) -> dict[str, list[int]]:
     """Prompt indices grouped by their settings task (t2i / edit, text / understanding of each media kind)."""
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
-        groups.setdefault(system_prompt_task(image_answer, [m.kind for m in p.media]), []).append(i)
+        groups.setdefault(request_task(image_answer, [m.kind for m in p.media]).name, []).append(i)
     return groups
 
 
 def _run_eval(model, assets: GenerationAssets, cfg: DictConfig, settings: DictConfig, out: Path) -> Path:
     node = cfg.eval
     if node.get("data"):
-        return _run_own_eval(model, assets, node, text_config(cfg, settings, "understand"),
-                             image_config(cfg, settings, "t2i"), out)
-    if assets.name != "world" or not isinstance(assets.image_tokenizer, RVQVisualTokenizer):
-        raise ValueError(f"task=eval without eval.data runs on the built-in world and its image tokenizer; the "
-                         f"checkpoint uses tokenizer {assets.name!r} (set eval.data=DIR to evaluate on your data)")
-    config = WorldEvalConfig(split=node.split, num_items=int(node.num_items), seed=int(node.seed),
-                             text=text_config(cfg, settings, "understand"), image=image_config(cfg, settings, "t2i"),
-                             edit_image=image_config(cfg, settings, "edit"))
-    result = evaluate_world(model, build_eval_set(config, assets.image_tokenizer.rvq), config)
-    (out / "eval.json").write_text(json.dumps({"metrics": result.metrics, "answers": result.answers},
-                                              indent=1) + "\n")
-    if result.grid is not None:
-        save_png(result.grid, out / "samples.png")
-    width = max(len(k) for k in result.metrics)
-    for name, value in result.metrics.items():
-        if not name.startswith("chance/"):
-            print(f"{name:<{width}}  {value:.3f}   (chance {result.metrics.get('chance/' + name, float('nan')):.3f})")
-    print(f"lumina-generate: eval on {config.split} ({config.num_items} items per task) -> {out}", flush=True)
-    return out
+        return _run_own_eval(model, assets, node, text_config(cfg, settings, UNDERSTAND.name),
+                             image_config(cfg, settings, T2I.name), out)
+    evaluation = EVALUATIONS.find(assets.name)
+    if evaluation is None:
+        raise ValueError(f"task=eval without eval.data runs the evaluation of the checkpoint's tokenizer set "
+                         f"({', '.join(EVALUATIONS.names())}); the checkpoint uses tokenizer {assets.name!r} (set "
+                         "eval.data=DIR to evaluate on your data)")
+    return evaluation(model, assets, cfg, settings, out)
 
 
 def _run_own_eval(model, assets: GenerationAssets, node: DictConfig, text_cfg: TextSamplingConfig,
@@ -193,11 +181,11 @@ def _prompt(index: int, request: dict[str, Any], assets: GenerationAssets, cfg: 
     if request.get("image") is not None:
         media.append(load_image(request["image"], assets, cfg.get("input_max_edge", 0),
                                 cfg.get("input_no_upscale", False)))
-    elif task == "edit":
+    elif task == EDIT.name:
         raise ValueError(f"prompt {index} ({request['prompt']!r}): task=edit needs an image (images=[...] or "
                          "an 'image' key in prompts_file)")
-    image_answer = task in ("t2i", "edit")
-    key = system_prompt_task(image_answer, [m.kind for m in media])
+    image_answer = TASKS.get(task, "task").image_answer
+    key = request_task(image_answer, [m.kind for m in media]).name
     text, tokens = request["prompt"], assets.tokens
     if media and all(tokens.placeholder(m.kind) >= 0 for m in media):
         marks = [PLACEHOLDER_STRINGS[m.kind] for m in media]

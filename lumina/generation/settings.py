@@ -1,6 +1,7 @@
 """lumina-generate's per-task settings: the values given in the config over the defaults of the checkpoint's
-kind, `conf/generate/<kind>.yaml` (official, world or small; `generate=auto` picks it: `checkpoint_kind`).
-Tasks are the system-prompt keys of `lumina.contract.system_prompts` (understanding by the media kind).
+kind, `conf/generate/<kind>.yaml` (official, small, or a tokenizer set's name such as world; `generate=auto`
+picks it: `checkpoint_kind`). Tasks are the request tasks of `lumina.contract.tasks` (understanding by the
+media kind); a settings file names its prompt set of `lumina.contract.system_prompts` (`system_prompts:`).
 """
 
 from __future__ import annotations
@@ -11,24 +12,23 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lumina.contract.special_tokens import SpecialTokens
-from lumina.contract.system_prompts import OFFICIAL_SYSTEM_PROMPTS
+from lumina.contract.system_prompts import PROMPT_SETS
 from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.model.config import LuminaConfig
-from lumina.tokenizers.text import TextTokenizer, WordTokenizer
-from lumina.world.dataset import world_text_tokenizer
-from lumina.world.tasks import WORLD_SYSTEM_PROMPTS
+from lumina.tokenizers.registry import TOKENIZER_SETS, tokenizer_set_of
+from lumina.tokenizers.text import TextTokenizer
 
 SETTINGS_DIR = Path(__file__).resolve().parents[2] / "conf" / "generate"
-KINDS = ("official", "world", "small")
-SYSTEM_PROMPTS = {"official": OFFICIAL_SYSTEM_PROMPTS, "world": WORLD_SYSTEM_PROMPTS}
+KINDS = ("official", "small")  # and every tokenizer set's name
 OFFICIAL_CODES = (8, 4096)  # AToken: 8 codebooks of 4096 codes
 
 
 def checkpoint_kind(config: LuminaConfig, tokens: SpecialTokens, text_tokenizer: TextTokenizer) -> str:
-    """"world" (the built-in world's vocabulary), "official" (an official-size model with the official
-    special-token ids and AToken's 8 x 4096 codes), else "small"."""
-    if isinstance(text_tokenizer, WordTokenizer) and text_tokenizer.vocab == world_text_tokenizer().vocab:
-        return "world"
+    """The name of the tokenizer set whose vocabulary the text tokenizer holds (e.g. "world"), "official" (an
+    official-size model with the official special-token ids and AToken's 8 x 4096 codes), else "small"."""
+    found = tokenizer_set_of(text_tokenizer)
+    if found is not None:
+        return found
     official, contract = LuminaConfig.official(), SpecialTokens.official()
     size = ("hidden_size", "num_hidden_layers", "num_experts")
     ids = ("boa", "eoa", "boi", "eoi", "text_mask", "user_open", "system_open", "img_context")
@@ -43,8 +43,10 @@ def resolve_settings(cfg: DictConfig, kind: str) -> DictConfig:
     """The settings document: the one `generate=<kind>` composed in, else conf/generate/<kind>.yaml."""
     if cfg.get("by_task") is not None:
         return cfg
-    if kind not in KINDS:
-        raise ValueError(f"generate={kind!r}: expected one of auto, {', '.join(KINDS)}")
+    kinds = (*KINDS, *TOKENIZER_SETS.names())
+    if kind not in kinds or not (SETTINGS_DIR / f"{kind}.yaml").is_file():
+        raise ValueError(f"generate={kind!r}: expected one of auto, {', '.join(kinds)} (with its "
+                         f"{SETTINGS_DIR}/<kind>.yaml)")
     return OmegaConf.load(SETTINGS_DIR / f"{kind}.yaml")
 
 
@@ -90,7 +92,7 @@ def system_prompt(cfg: DictConfig, settings: DictConfig, task: str) -> str:
     """cfg.system when given, else the settings' system prompt of `task`."""
     if cfg.get("system") is not None:
         return str(cfg.system)
-    prompts = SYSTEM_PROMPTS[settings.system_prompts]
+    prompts = PROMPT_SETS.get(settings.system_prompts, "system_prompts")
     if task not in prompts:
         raise ValueError(f"system_prompts={settings.system_prompts} has no prompt for task {task!r}; pass system=...")
     return prompts[task]

@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from lumina.contract.system_prompts import OFFICIAL_SYSTEM_PROMPTS
+from lumina.contract.tasks import CAPTION, T2I
+from lumina.contract.tasks import TASKS as TASKS_TABLE
 from lumina.data.roots import dataset_root
 from lumina.ingest.build_shards import RawRow, manifest_rows
 
 METADATA_FILE = "metadata.jsonl"
-TASKS = ("t2i", "caption")
+FOLDER_TASKS = (T2I, CAPTION)
+TASKS = tuple(task.name for task in FOLDER_TASKS)
 SPLITS = ("train", "val")
 CAPTION_PROMPT = "describe the image ."
 ENTRY_KEYS = ("file_name", "text")  # what a metadata line gives a sample
@@ -52,14 +55,11 @@ def metadata_rows(directory: str | Path) -> list[RawRow]:
     return [_check_entry(row) for row in manifest_rows([path])]
 
 
-SYSTEM_PROMPT_TASK = {"t2i": "t2i", "caption": "understand"}  # imagefolder task -> lumina.contract.system_prompts key
-
-
 def caption_words(rows: list[RawRow], caption_prompt: str = CAPTION_PROMPT) -> list[str]:
     """The sorted words of the captions, the caption prompt and the system prompts (a vocabulary)."""
     words = set(caption_prompt.split())
-    for task in SYSTEM_PROMPT_TASK.values():
-        words.update(OFFICIAL_SYSTEM_PROMPTS[task].split())
+    for task in FOLDER_TASKS:
+        words.update(OFFICIAL_SYSTEM_PROMPTS[task.system_prompt].split())
     for row in rows:
         if row.error is None:
             words.update(row.obj["text"].split())
@@ -81,15 +81,16 @@ def val_files(rows: list[RawRow], val_fraction: float, seed: int) -> set[str]:
 def task_sample(file_name: str, text: str, task: str, caption_prompt: str) -> dict[str, Any]:
     """One manifest row (`lumina.ingest.build_shards` schema) of an image and its caption."""
     image = {"kind": "image", "file": file_name}
-    if task == "t2i":
+    if task == T2I.name:
         turns = [{"role": "user", "parts": [{"kind": "text", "text": text}]},
                  {"role": "assistant", "parts": [image]}]
-    elif task == "caption":
+    elif task == CAPTION.name:
         turns = [{"role": "user", "parts": [image, {"kind": "text", "text": caption_prompt}]},
                  {"role": "assistant", "parts": [{"kind": "text", "text": text}]}]
     else:
         raise ValueError(f"task={task!r}: expected one of {TASKS}")
-    system = {"role": "system", "parts": [{"kind": "text", "text": OFFICIAL_SYSTEM_PROMPTS[SYSTEM_PROMPT_TASK[task]]}]}
+    prompt = OFFICIAL_SYSTEM_PROMPTS[TASKS_TABLE.get(task, "task").system_prompt]
+    system = {"role": "system", "parts": [{"kind": "text", "text": prompt}]}
     return {"id": f"{file_name}#{task}", "turns": [system, *turns]}
 
 

@@ -12,8 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lumina.attention.rules import segment_ids
-from lumina.contract.batch import PackedBatch
+from lumina.contract.batch import PackedBatch, segment_ids
 from lumina.contract.roles import TokenType
 from lumina.model.output import LuminaOutput
 from lumina.model.routers import MoERouter

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lumina.contract.tasks import TASKS
 from lumina.data.noise import stable_seed
 from lumina.objective.reduce import dp_sum
 from lumina.post_training.estimators import MODALITIES, LikelihoodEstimator, build_estimator
@@ -163,7 +164,8 @@ def rollout_metrics(completions: list[Completion], rewards: torch.Tensor, tasks:
         metrics[f"{task}/reward"] = global_ratio(r.sum(), len(members), device, group)
         metrics[f"{task}/reward_spread"] = global_ratio(spread, len(groups), device, group)
         metrics[f"{task}/pass_at_g"] = global_ratio(passed, len(groups), device, group)
-        if task not in ("t2i", "edit"):
+        row = TASKS.find(task)
+        if row is None or not row.image_answer:
             length = sum(len(completions[i].answer_ids or []) for i in members)
             metrics[f"{task}/length"] = global_ratio(length, len(members), device, group)
     return metrics

@@ -1,7 +1,8 @@
-"""The prompts a post-training run rolls out: `PromptDataModule` draws `prompts_per_step` of the built-in world's
-items per micro-batch, from a seeded shuffle of the split (a new shuffle each pass). Micro-batch k's prompts
-depend only on (seed, k), and a (re)started run begins at k = global step x accumulation, so a resumed run
-draws what the uninterrupted one would have."""
+"""The prompts a post-training run rolls out: a `PromptDataModule` (a plug-in's subclass, named by
+`rollout.prompts._target_`; the built-in world's: `lumina.world.rl_prompts.WorldPrompts`) holds its prompts and
+draws `prompts_per_step` of them per micro-batch, from a seeded shuffle (a new shuffle each pass).
+Micro-batch k's prompts depend only on (seed, k), and a (re)started run begins at k = global step x
+accumulation, so a resumed run draws what the uninterrupted one would have."""
 
 from __future__ import annotations
 
@@ -13,13 +14,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lumina.contract.special_tokens import SpecialTokens
-from lumina.data.dataset_assets import copy_assets
 from lumina.data.noise import stable_seed
-from lumina.generation.sequences import Prompt
-from lumina.post_training.samples import IMAGE_TASKS, TEXT_TASKS, RLPrompt
-from lumina.world.dataset import build_world, world_assets
-
-WORLD_TASKS = TEXT_TASKS + IMAGE_TASKS
+from lumina.post_training.samples import RLPrompt
 
 
 class PromptBatch:
@@ -32,31 +28,28 @@ class PromptBatch:
 
 
 class PromptDataModule(L.LightningDataModule):
-    """split / num_items / mix / world_seed: the world items (`build_world`); prompts_per_step: prompts per
-    micro-batch on each data-parallel rank (rank r of R takes every R-th prompt of a global draw); seed: of
-    the shuffles."""
+    """prompts_per_step: prompts per micro-batch on each data-parallel rank (rank r of R takes every R-th
+    prompt of a global draw); seed: of the shuffles. A subclass says where the prompts come from:
+    `load_prompts()` -> (prompts, their special tokens), `tasks` (every task it draws, sorted), and
+    `export_assets(directory)` (the tokenizers an HF export of the run carries)."""
 
-    def __init__(self, prompts_per_step: int, split: str = "train", num_items: int = 2000,
-                 mix: dict[str, float] | None = None, world_seed: int = 0, seed: int = 0) -> None:
+    tasks: tuple[str, ...] = ()
+
+    def __init__(self, prompts_per_step: int, seed: int = 0) -> None:
         super().__init__()
-        mix = dict(mix or {task: 1.0 for task in WORLD_TASKS})
-        for task in mix:
-            if task not in WORLD_TASKS:
-                raise ValueError(f"rollout.prompts.mix: task {task!r} is not one of the world's {WORLD_TASKS}")
-        self.prompts_per_step, self.split, self.num_items = prompts_per_step, split, num_items
-        self.mix, self.world_seed, self.seed = mix, world_seed, seed
-        self.tasks = tuple(sorted(t for t, w in mix.items() if w > 0))
+        self.prompts_per_step, self.seed = prompts_per_step, seed
         self.prompts: list[RLPrompt] = []
         self.tokens: SpecialTokens | None = None
 
+    def load_prompts(self) -> tuple[list[RLPrompt], SpecialTokens]:
+        raise NotImplementedError
+
+    def export_assets(self, directory: str | Path) -> list[Path]:
+        raise NotImplementedError
+
     def setup(self, stage: str | None = None) -> None:
-        if self.prompts:
-            return
-        world = build_world(self.split, self.num_items, self.world_seed, mix=self.mix)
-        side = 32 // world.image_tokenizer.patch_size
-        self.tokens = world.tokens
-        self.prompts = [RLPrompt(Prompt.of_sample(world.dataset[i], (side, side) if item.target is not None else None),
-                                 item.task, item) for i, item in enumerate(world.items)]
+        if not self.prompts:
+            self.prompts, self.tokens = self.load_prompts()
 
     def prompts_for(self, index: int, rank: int = 0, world_size: int = 1) -> list[RLPrompt]:
         """Micro-batch `index`'s prompts on `rank`: items [index * P * R, (index + 1) * P * R) of the
@@ -75,10 +68,6 @@ class PromptDataModule(L.LightningDataModule):
             start = trainer.global_step * trainer.accumulate_grad_batches
             rank, world = trainer.global_rank, trainer.world_size
         return DataLoader(_Batches(self, start, rank, world), batch_size=None, collate_fn=_as_is)
-
-    def export_assets(self, directory: str | Path) -> list[Path]:
-        """The world's tokenizer.json into an HF export (as the supervised run's data module does)."""
-        return copy_assets(world_assets(), directory)
 
 
 class _Batches(IterableDataset):

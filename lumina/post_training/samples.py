@@ -10,14 +10,11 @@ import torch
 
 from lumina.generation.sequences import Prompt
 
-TEXT_TASKS = ("caption", "vqa", "text_qa")
-IMAGE_TASKS = ("t2i", "edit")
-
 
 @dataclass
 class RLPrompt:
-    """prompt: the sampler's request (`grid` set for an image answer); task: one of TEXT_TASKS + IMAGE_TASKS
-    (or a user's own name); reference: what the task's reward compares against (the world's `WorldItem`, or
+    """prompt: the sampler's request (`grid` set for an image answer); task: a name of the task table
+    (`lumina.contract.tasks`) or a user's own; reference: what the task's reward compares against (the world's `WorldItem`, or
     a user's own object)."""
 
     prompt: Prompt

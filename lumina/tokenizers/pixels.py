@@ -89,6 +89,12 @@ def to_uint8(pixels: torch.Tensor) -> np.ndarray:
     return ((pixels.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
 
 
+def save_png(image: torch.Tensor, path: str | Path) -> None:
+    """[3, H, W] in [0, 1] -> PNG file."""
+    array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
+    Image.fromarray(array).save(path)
+
+
 def image_files(paths: list[str | Path]) -> list[Path]:
     """Files and directories (every PNG / JPEG / WebP / BMP file below, by suffix, sorted) -> image paths, in order."""
     found: list[Path] = []

@@ -115,7 +115,11 @@ def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
     post-training mode the prompts of `rollout.prompts` instead."""
     if cfg.objective.get("post_training") is not None:
         rollout = plain(cfg.rollout)
-        dm = PromptDataModule(rollout["prompts_per_step"], **rollout.get("prompts", {}))
+        dm = hydra.utils.instantiate(rollout.get("prompts", {}), prompts_per_step=rollout["prompts_per_step"],
+                                     _convert_="all")
+        if not isinstance(dm, PromptDataModule):
+            raise ConfigError(f"rollout.prompts: {type(dm).__name__} is not a PromptDataModule (set its _target_, "
+                              "e.g. lumina.world.rl_prompts.WorldPrompts)")
         dm.setup("fit")
         return dm
     dm = build_datamodule(plain(cfg.data), model_cfg)

@@ -18,23 +18,23 @@ from torch import nn
 
 from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.contract.special_tokens import SpecialTokens
+from lumina.contract.tasks import EDIT, T2I, UNDERSTAND, task_of
 from lumina.data.noise import NoiseConfig
 from lumina.data.packing import collate_pack
 from lumina.data.sequence_layout import layout_eval
 from lumina.data.sources import LayoutSource
-from lumina.generation.own_eval import task_of
 from lumina.objective import LuminaObjective
 from lumina.objective.held_out import HeldOutLoss
 
 log = logging.getLogger(__name__)
 
-INPUT_OF = {"understand": "image swapped", "edit": "image swapped", "t2i": "prompt dropped"}
+INPUT_OF = {UNDERSTAND.name: "image swapped", EDIT.name: "image swapped", T2I.name: "prompt dropped"}
 
 
 def ignoring_input(sample: Sample, task: str, other: Sample, tokens: SpecialTokens) -> Sample:
     """`sample` without the input its answer depends on; `other`: the donor of the swapped media."""
     *head, user, answer = sample.turns
-    if task == "t2i":
+    if task == T2I.name:
         parts: list = [Text([tokens.uncondition])]
     else:
         donor = next(p for t in other.turns[:-1] for p in t.parts if isinstance(p, Media))

@@ -1,4 +1,4 @@
-"""`build_datamodule`: the LuminaDataModule a training config asks for (built-in world and/or Parquet shards,
+"""`build_datamodule`: the LuminaDataModule a training config asks for (a built-in dataset and/or Parquet shards,
 one source or a weighted mixture), checked against the model's sizes and, when given, a tokenizer.json.
 Tokenizers the shards record (`lumina.data.dataset_assets`) go to the data module, which the HF export copies."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lumina.contract.special_tokens import SpecialTokens
+from lumina.data.builtin import builtin_dataset
 from lumina.data.datamodule import DataConfig, LuminaDataModule
 from lumina.data.dataset_assets import DatasetAssets
 from lumina.data.mixture import ConcatSampleDataset, MixturePlan
@@ -18,12 +19,12 @@ from lumina.data.packed_dataset import LayoutSource, MixtureSource
 from lumina.model.config import LuminaConfig
 from lumina.training.errors import ConfigError
 
-WORLD_OPTIONS = ("num_samples", "val_samples", "seed", "mix")
 log = logging.getLogger(__name__)
 
 
 def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataModule:
-    """data: the plain `cfg.data` mapping. A source with `path: null` is the built-in world, a path is Parquet
+    """data: the plain `cfg.data` mapping. A source with `path: null` is a built-in dataset (the built-in world,
+    `lumina.data.builtin`), a path is Parquet
     shards or a dataset root (train/ and val/ or validation/). Several sources form a weighted mixture
     (`samples_per_epoch` slots per epoch) validated on the concatenation of their held-out sets."""
     data = dict(data)
@@ -42,9 +43,15 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
     noise = NoiseConfig(**config.noise, schedule=model.masking_schedule)
     trains, vals = {}, {}
     assets: DatasetAssets | None = None
+    builtin_assets: DatasetAssets | None = None
     for i, spec in enumerate(config.sources):
         if spec.path is None:
-            train, val = world_datasets(spec.options, i)
+            try:
+                builtin = builtin_dataset(spec.builtin, f"data.sources[{i}].builtin")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+            train, val = builtin.datasets(spec.options, f"data.sources[{i}].options")
+            builtin_assets = builtin.assets()
         else:
             train, val = parquet_datasets(spec.path, spec.options, expected, i)
             assets = check_assets(train, val, model, i, assets)
@@ -54,9 +61,7 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
         if val is not None:
             vals[spec.name] = val
     if assets is None and all(spec.path is None for spec in config.sources):
-        from lumina.world.dataset import world_assets
-
-        assets = world_assets()  # the HF export carries the world's tokenizer.json (its vocabulary version)
+        assets = builtin_assets  # the HF export carries the built-in dataset's tokenizer.json
     if len(trains) == 1:
         (train,) = trains.values()
         train_source = LayoutSource(train, noise, config.seed)
@@ -68,20 +73,6 @@ def build_datamodule(data: dict[str, Any], model: LuminaConfig) -> LuminaDataMod
         val = ConcatSampleDataset(vals) if vals else None
     val_source = None if val is None else LayoutSource(val, noise, config.val_seed, eval_t=config.val_noise_t)
     return LuminaDataModule(config, train_source, val_source, assets=assets)
-
-
-def world_datasets(options: dict[str, Any], index: int = 0):
-    from lumina.world import build_world
-
-    unknown = sorted(set(options) - set(WORLD_OPTIONS))
-    if unknown:
-        raise ConfigError(f"data.sources[{index}].options.{unknown[0]}: unknown option of the built-in world "
-                          f"(expected {WORLD_OPTIONS})")
-    seed = int(options.get("seed", 0))
-    train = build_world("train", int(options.get("num_samples", 2000)), seed, options.get("mix"))
-    val = build_world("val", int(options.get("val_samples", 64)), seed, options.get("mix"),
-                      image_tokenizer=train.image_tokenizer)
-    return train.dataset, val.dataset
 
 
 PARQUET_OPTIONS = ("val_path", "cache_row_groups", "read_attempts")

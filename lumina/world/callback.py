@@ -11,13 +11,13 @@ import lightning as L
 import torch
 
 from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
+from lumina.tokenizers.pixels import save_png
 from lumina.world.evaluation import (
     WorldEvalConfig,
     WorldEvalResult,
     WorldEvalSet,
     build_eval_set,
     evaluate_world,
-    save_png,
 )
 
 

@@ -20,7 +20,7 @@ import torch
 
 from lumina.contract.schema import Media, Sample, Text, Turn
 from lumina.contract.special_tokens import SpecialTokens
-from lumina.contract.system_prompts import system_prompt_task
+from lumina.contract.tasks import TASKS
 from lumina.data.dataset_assets import DatasetAssets, TextTokenizerRecord, file_digest
 from lumina.data.storage import InMemorySampleDataset
 from lumina.tokenizers.rvq_quantizer import DEFAULT_RVQ, RVQImageTokenizer, RVQSettings
@@ -131,8 +131,8 @@ def items_to_samples(items: list[WorldItem], text_tokenizer: WordTokenizer,
         user: list = [] if item.source is None else [media[item.source]]
         user.append(Text(text_tokenizer.encode(item.prompt)))
         answer = [media[item.target]] if item.target is not None else [Text(text_tokenizer.encode(item.answer or ""))]
-        task = system_prompt_task(item.target is not None, [] if item.source is None else ["image"])
-        system = Turn("system", [Text(text_tokenizer.encode(WORLD_SYSTEM_PROMPTS[task]))])
+        prompt = WORLD_SYSTEM_PROMPTS[TASKS.get(item.task, "item.task").system_prompt]
+        system = Turn("system", [Text(text_tokenizer.encode(prompt))])
         samples.append(Sample(item.id, [system, Turn("user", user), Turn("assistant", answer)], source=SOURCE))
     return samples
 

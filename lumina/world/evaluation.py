@@ -7,31 +7,39 @@ Under data parallelism every rank generates its share of items; results are gath
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from PIL import Image
+from omegaconf import DictConfig
 from torch import nn
 
+from lumina.contract.tasks import CAPTION, EDIT, T2I, UNDERSTAND
+from lumina.generation.assets import GenerationAssets
 from lumina.generation.image import generate_images
 from lumina.generation.sampling_config import ImageSamplingConfig, TextSamplingConfig
 from lumina.generation.sequences import Prompt
+from lumina.generation.settings import image_config, text_config
 from lumina.generation.sync import distributed, shard_indices
 from lumina.generation.text import generate_text
+from lumina.tokenizers.pixels import save_png
 from lumina.tokenizers.rvq_quantizer import RVQImageTokenizer
+from lumina.tokenizers.rvq_tokenizer import RVQVisualTokenizer
 from lumina.tokenizers.text import WordTokenizer
 from lumina.world.checker import classify_image
 from lumina.world.dataset import build_world, cached_world_image_tokenizer
 from lumina.world.scene import COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES, ObjectSpec, render
-from lumina.world.tasks import NUMBER_WORDS, SIDES, WorldItem
+from lumina.world.tasks import NUMBER_WORDS, SIDES, TASKS, TEXT_QA, VQA, WorldItem
 
 ATTRIBUTES = ("colour", "shape", "size", "position")
 VALUES = {"colour": tuple(COLOURS), "shape": SHAPES, "size": tuple(SIZES), "position": POSITIONS}
 VQA_ATTRIBUTE = {"what colour is the shape ?": "colour", "what shape is it ?": "shape",
                  "is the shape small or large ?": "size", "where is the shape ?": "position"}
-EVAL_TASKS = ("caption", "vqa", "text_qa", "t2i", "edit")
+TEXT_TASKS = (CAPTION.name, VQA.name, TEXT_QA.name)
+IMAGE_TASKS = (T2I.name, EDIT.name)
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,7 @@ class WorldEvalResult:
 def build_eval_set(config: WorldEvalConfig, image_tokenizer: RVQImageTokenizer | None = None) -> WorldEvalSet:
     image_tokenizer = image_tokenizer or cached_world_image_tokenizer()
     items, prompts = {}, {}
-    for task in EVAL_TASKS:
+    for task in TASKS:
         world = build_world(config.split, config.num_items, config.seed, mix={task: 1.0},
                             image_tokenizer=image_tokenizer)
         tokens, text_tokenizer = world.tokens, world.text_tokenizer
@@ -92,11 +100,11 @@ def evaluate_world(model: nn.Module, eval_set: WorldEvalSet, config: WorldEvalCo
     """Generate every task's answers (this rank's share), gather them, and score them."""
     tokens = eval_set.tokens
     answers: dict[str, list] = {}
-    for task in ("caption", "vqa", "text_qa"):
+    for task in TEXT_TASKS:
         answers[task] = _sharded(eval_set.prompts[task], lambda ps: [
-            _decode_text(a.ids, eval_set.text_tokenizer) for a in generate_text(model, ps, tokens, config.text)])
+            decode_text(a.ids, eval_set.text_tokenizer) for a in generate_text(model, ps, tokens, config.text)])
     images: dict[str, list[torch.Tensor]] = {}
-    for task, sampling in (("t2i", config.image), ("edit", config.edit_image)):
+    for task, sampling in zip(IMAGE_TASKS, (config.image, config.edit_image), strict=True):
         images[task] = _sharded(eval_set.prompts[task], lambda ps, s=sampling: [
             eval_set.image_tokenizer.decode(a.codes, *a.grid)[0] for a in generate_images(model, ps, tokens, s)])
         answers[task] = [classify_image(img) for img in images[task]]
@@ -119,7 +127,7 @@ def _sharded(prompts: list[Prompt], run) -> list:
     return out
 
 
-def _decode_text(ids: list[int], tokenizer: WordTokenizer) -> str:
+def decode_text(ids: list[int], tokenizer: WordTokenizer) -> str:
     """Words of the answer; an id outside the world vocabulary reads as <oov> (never a right answer)."""
     words = [tokenizer.decode([i], skip_special_tokens=True) if 0 <= i < tokenizer.vocab_size else "<oov>"
              for i in ids]
@@ -128,31 +136,31 @@ def _decode_text(ids: list[int], tokenizer: WordTokenizer) -> str:
 
 def score(items: dict[str, list[WorldItem]], answers: dict[str, list]) -> dict[str, float]:
     m: dict[str, float] = {}
-    groups = {"caption": ("caption",), "vqa": ("vqa",), "text_qa": ("text_qa",),
-              "understand": ("caption", "vqa")}
+    groups = {**{task: (task,) for task in TEXT_TASKS}, UNDERSTAND.name: (CAPTION.name, VQA.name)}
     for name, tasks in groups.items():
         pairs = [(a, item) for task in tasks for a, item in zip(answers[task], items[task], strict=True)]
         m[f"{name}_acc"] = _mean([float(a == item.answer) for a, item in pairs])
         m[f"chance/{name}_acc"] = _mean([answer_chance(item) for _, item in pairs])
-    for task in ("t2i", "edit"):
+    for task in IMAGE_TASKS:
         pairs = zip(answers[task], items[task], strict=True)
         fractions = [_attribute_fraction(found, item.target) for found, item in pairs]
         m[f"{task}_score"], m[f"{task}_exact"] = _mean(fractions), _mean([float(f == 1.0) for f in fractions])
         m[f"chance/{task}_score"] = _mean([1 / len(VALUES[a]) for a in ATTRIBUTES])
         m[f"chance/{task}_exact"] = 1 / math.prod(len(VALUES[a]) for a in ATTRIBUTES)
-    changed = [_changed_attribute(item) for item in items["edit"]]
-    m["edit_changed"] = _mean([float(f is not None and f[a] == getattr(item.target, a))
-                               for f, a, item in zip(answers["edit"], changed, items["edit"], strict=True)])
-    m["chance/edit_changed"] = _mean([1 / len(VALUES[a]) for a in changed])
+    changed = [_changed_attribute(item) for item in items[EDIT.name]]
+    m[f"{EDIT.name}_changed"] = _mean([float(f is not None and f[a] == getattr(item.target, a))
+                                       for f, a, item in zip(answers[EDIT.name], changed, items[EDIT.name],
+                                                             strict=True)])
+    m[f"chance/{EDIT.name}_changed"] = _mean([1 / len(VALUES[a]) for a in changed])
     return m
 
 
 def answer_chance(item: WorldItem) -> float:
     """Probability that a uniform guess over the answer's value set is right."""
     q = item.prompt
-    if item.task == "caption":
+    if item.task == CAPTION.name:
         return 1 / math.prod(len(VALUES[a]) for a in ATTRIBUTES)
-    if item.task == "vqa":
+    if item.task == VQA.name:
         attribute = VQA_ATTRIBUTE.get(q)
         return 1 / len(VALUES[attribute]) if attribute else 1 / 2  # the rest are yes / no questions
     if " plus " in q:
@@ -180,9 +188,9 @@ def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.
     """[3, H, W] in [0, 1]: one row per sample, t2i rows (truth | generated), then edit rows (source | truth |
     generated); images upscaled `scale` times, 2 px gaps."""
     rows = []
-    for task in ("t2i", "edit"):
+    for task in IMAGE_TASKS:
         for item, generated in list(zip(items.get(task, []), images.get(task, []), strict=True))[:count]:
-            first = render(item.source) if task == "edit" else torch.full((3, 32, 32), -1.0)
+            first = render(item.source) if task == EDIT.name else torch.full((3, 32, 32), -1.0)
             rows.append([first, render(item.target), generated])
     if not rows:
         return None
@@ -197,7 +205,26 @@ def sample_grid(items: dict[str, list[WorldItem]], images: dict[str, list[torch.
     return canvas
 
 
-def save_png(image: torch.Tensor, path) -> None:
-    """[3, H, W] in [0, 1] -> PNG file."""
-    array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
-    Image.fromarray(array).save(path)
+def run_world_eval(model: nn.Module, assets: GenerationAssets, cfg: DictConfig, settings: DictConfig,
+                   out: Path) -> Path:
+    """`lumina-generate task=eval` on a built-in-world checkpoint (the "world" evaluation): eval.split,
+    eval.num_items, eval.seed; writes <out>/eval.json and <out>/samples.png and prints each metric."""
+    if not isinstance(assets.image_tokenizer, RVQVisualTokenizer):
+        raise ValueError("task=eval on the built-in world needs its image tokenizer (image_tokenizer=auto or "
+                         f"builtin), not {assets.image_tokenizer!r}")
+    node = cfg.eval
+    config = WorldEvalConfig(split=node.split, num_items=int(node.num_items), seed=int(node.seed),
+                             text=text_config(cfg, settings, UNDERSTAND.name),
+                             image=image_config(cfg, settings, T2I.name),
+                             edit_image=image_config(cfg, settings, EDIT.name))
+    result = evaluate_world(model, build_eval_set(config, assets.image_tokenizer.rvq), config)
+    (out / "eval.json").write_text(json.dumps({"metrics": result.metrics, "answers": result.answers},
+                                              indent=1) + "\n")
+    if result.grid is not None:
+        save_png(result.grid, out / "samples.png")
+    width = max(len(k) for k in result.metrics)
+    for name, value in result.metrics.items():
+        if not name.startswith("chance/"):
+            print(f"{name:<{width}}  {value:.3f}   (chance {result.metrics.get('chance/' + name, float('nan')):.3f})")
+    print(f"lumina-generate: eval on {config.split} ({config.num_items} items per task) -> {out}", flush=True)
+    return out

@@ -11,6 +11,7 @@ import functools
 import random
 from dataclasses import dataclass
 
+from lumina.contract.tasks import CAPTION, EDIT, T2I, TEXT, UNDERSTAND, Task, register_task
 from lumina.world.scene import (
     COLOURS,
     JITTER,
@@ -23,15 +24,19 @@ from lumina.world.scene import (
     random_spec,
 )
 
-TASKS = ("caption", "vqa", "t2i", "edit", "text_qa")
-DEFAULT_TASK_MIX = {"caption": 0.2, "vqa": 0.3, "t2i": 0.2, "edit": 0.2, "text_qa": 0.1}
+# the world's rows of the task table (caption, t2i and edit are generic rows)
+VQA = register_task(Task("vqa", "image", "text", UNDERSTAND.system_prompt))
+TEXT_QA = register_task(Task("text_qa", None, "text", TEXT.system_prompt))
+WORLD_TASKS = (CAPTION, VQA, T2I, EDIT, TEXT_QA)
+TASKS = tuple(task.name for task in WORLD_TASKS)
+DEFAULT_TASK_MIX = dict(zip(TASKS, (0.2, 0.3, 0.2, 0.2, 0.1), strict=True))
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
                 "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen")
 SIDES = {"circle": "zero", "triangle": "three", "square": "four"}
 CAPTION_PROMPT = "describe the image ."
 # The world's own short system prompts (lumina.contract.system_prompts keys), one per kind of task like the official ones
-WORLD_SYSTEM_PROMPTS = {"text": "answer the question .", "understand": "answer about the image .",
-                        "t2i": "draw the image .", "edit": "edit the image ."}
+WORLD_SYSTEM_PROMPTS = {TEXT.system_prompt: "answer the question .", UNDERSTAND.system_prompt: "answer about the image .",
+                        T2I.system_prompt: "draw the image .", EDIT.system_prompt: "edit the image ."}
 _TEXT_QA_SPLIT_SEED = 20260102
 
 
@@ -140,23 +145,23 @@ def make_items(split: str, num_items: int, seed: int = 0, mix: dict[str, float] 
         raise ValueError(f"num_items={num_items!r}: must be an integer >= 0")
     counts = task_counts(num_items, DEFAULT_TASK_MIX if mix is None else mix)
     rng = random.Random(f"lumina-world/{split}/{seed}")
-    pairs = edit_pairs(split) if counts.get("edit") else []
+    pairs = edit_pairs(split) if counts.get(EDIT.name) else []
     tasks = [t for t in TASKS for _ in range(counts.get(t, 0))]
     rng.shuffle(tasks)
     items = []
     for i, task in enumerate(tasks):
         item_id = f"world-{split}-s{seed}-{i:06d}-{task}"
-        if task == "caption":
+        if task == CAPTION.name:
             spec = random_spec(rng, split)
             items.append(WorldItem(item_id, task, CAPTION_PROMPT, caption(spec), source=spec))
-        elif task == "vqa":
+        elif task == VQA.name:
             spec = random_spec(rng, split)
             question, answer = rng.choice(questions(spec))
             items.append(WorldItem(item_id, task, question, answer, source=spec))
-        elif task == "t2i":
+        elif task == T2I.name:
             spec = random_spec(rng, split)
             items.append(WorldItem(item_id, task, f"draw {caption(spec)} .", target=spec))
-        elif task == "edit":
+        elif task == EDIT.name:
             src_combo, tgt_combo = rng.choice(pairs)
             dx, dy = rng.randint(-JITTER, JITTER), rng.randint(-JITTER, JITTER)
             src = ObjectSpec(*src_combo, dx=dx, dy=dy)

@@ -11,7 +11,7 @@ import sys
 import pytest
 from PIL import Image
 
-from lumina.world.evaluation import save_png
+from lumina.tokenizers.pixels import save_png
 from lumina.world.scene import ObjectSpec, render
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lumina.contract.schema import Media, Sample, Text, Turn
-from lumina.generation.own_eval import held_out_dataset, task_of
+from lumina.contract.tasks import task_of
+from lumina.generation.own_eval import held_out_dataset
 
 IMAGE = Media("image", torch.zeros(4, 2, dtype=torch.long), (2, 2))
 

@@ -6,9 +6,10 @@ import hydra
 import pytest
 
 from lumina.generation.sequences import Prompt
-from lumina.post_training.rewards import ExactMatch, Rewards, WorldCheck
+from lumina.post_training.rewards import Rewards
 from lumina.post_training.samples import Completion, RLPrompt
 from lumina.world.dataset import cached_world_image_tokenizer, world_text_tokenizer
+from lumina.world.rewards import ExactMatch, WorldCheck
 from lumina.world.scene import ObjectSpec, render
 from lumina.world.tasks import WorldItem
 
@@ -46,7 +47,7 @@ def user_reward(prompt, sample):
 
 def test_rewards_from_hydra_config_with_a_user_function():
     rewards = Rewards(hydra.utils.instantiate({
-        "vqa": {"_target_": "lumina.post_training.rewards.ExactMatch"},
+        "vqa": {"_target_": "lumina.world.rewards.ExactMatch"},
         "text_qa": {"_target_": f"{__name__}.user_reward", "_partial_": True}}))
     prompt = RLPrompt(Prompt([], key="t"), "text_qa", None)
     assert rewards(prompt, Completion(prompt, 0, ids=[], answer_ids=[5, 6, 7])) == 3.0

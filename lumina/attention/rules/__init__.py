@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from lumina.attention.bounds import resolve_seg_bounds
+from lumina.contract.batch import segment_ids
 from lumina.contract.roles import TokenType
 from lumina.parts import Registry
 
@@ -90,12 +91,6 @@ def any_in_group(flag: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
 def noisy_answer(rows: Rows) -> torch.Tensor:
     """Rows whose tokens change while decoding: type 3 or 4, is_clean false."""
     return ~rows.is_clean & ((rows.type == TEXT_ANSWER) | (rows.type == IMAGE_ANSWER))
-
-
-def segment_ids(cu_seqlens: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """[S] int64 segment index of every position; tail positions (>= cu_seqlens[-1]) get n (no segment)."""
-    positions = torch.arange(seq_len, device=cu_seqlens.device)
-    return torch.searchsorted(cu_seqlens[1:].long(), positions, right=True)
 
 
 def _row(name: str, t: torch.Tensor, batch: int, seq_len: int) -> torch.Tensor:
