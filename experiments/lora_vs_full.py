@@ -1,7 +1,8 @@
 """LoRA against a full fine-tune on the CPU (issue 44's learning study; results in experiments/lora_vs_full.md).
 
     OMP_NUM_THREADS=1 python experiments/lora_vs_full.py OUT [--base-steps 400] [--steps 200] [--seeds 1 2]
-        [--task vqa] [--rank 16] [--lora-lr 2e-3] [--full-lr 3e-4]
+        [--task vqa] [--rank 16] [--lora-lr 2e-3] [--full-lr 3e-4] [--modules-to-save NAME ...]
+        [--full-freeze GLOB ...] [--runs full lora]
 
 1. base: `lumina-train` of the tiny model on the built-in world without one of its tasks, `--task` (world
    seed 0, 2,000 samples, the default task mix less that task, seed 1234, `--base-steps` optimizer steps);
@@ -13,6 +14,8 @@
 4. for each seed: `experiment=finetune` (all weights) and `experiment=finetune_lora` from OUT/base/hf on that
    data, `--steps` steps each (LoRA: rank r, alpha 2r, on attention, dense MLP, shared and routed experts),
    the held-out loss every 50 steps (all held-out packs), the wall time of the run and its logged peak memory (train/peak_mem_gib: the process's peak RSS on CPU).
+   `--modules-to-save`: base modules the LoRA runs train whole (adapter.modules_to_save); `--full-freeze`:
+   model.freeze globs of the full runs (a diagnostic); `--runs`: which of the two to run.
 Writes OUT/summary.json and prints a table. Each run is one process with one thread; runs go one at a time.
 """
 
@@ -87,6 +90,9 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lora-lr", type=float, default=2e-3)
     parser.add_argument("--full-lr", type=float, default=3e-4)
+    parser.add_argument("--modules-to-save", nargs="*", default=[], help="adapter.modules_to_save of the LoRA runs")
+    parser.add_argument("--full-freeze", nargs="*", default=[], help="model.freeze globs of the full runs")
+    parser.add_argument("--runs", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -102,8 +108,9 @@ def main() -> None:
             write_world(data / split, split, count, args.task)
         if (data / split / "tokenizer.json").read_bytes() != (base / "hf" / "tokenizer.json").read_bytes():
             raise SystemExit(f"{data / split}: its tokenizer.json is not the base checkpoint's")
-    lora = [f"adapter.rank={args.rank}", f"adapter.alpha={2 * args.rank}", f"optim.lr={args.lora_lr}"]
-    full = [f"optim.lr={args.full_lr}"]
+    lora = [f"adapter.rank={args.rank}", f"adapter.alpha={2 * args.rank}", f"optim.lr={args.lora_lr}",
+            f"adapter.modules_to_save=[{','.join(args.modules_to_save)}]"]
+    full = [f"optim.lr={args.full_lr}"] + ([f"model.freeze=[{','.join(args.full_freeze)}]"] if args.full_freeze else [])
     results: dict[str, dict] = {"settings": vars(args) | {"out": str(out)}}
     common = [f"model.init_from={base / 'hf'}", "data=parquet", f"data.sources.0.path={data / 'train'}",
               f"data.sources.0.options.val_path={data / 'val'}", "trainer.limit_val_batches=1.0",
@@ -114,6 +121,8 @@ def main() -> None:
     results["base"] = summarise(out / "base_eval", seconds)
     for seed in args.seeds:
         for mode, experiment, extra in (("full", "finetune", full), ("lora", "finetune_lora", lora)):
+            if mode not in args.runs:
+                continue
             name = f"{mode}_seed{seed}"
             run_dir = out / name
             seconds = run([*train, f"experiment={experiment}", *common, f"trainer.max_steps={args.steps}",

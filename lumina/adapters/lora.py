@@ -6,6 +6,9 @@ zero at the start so the adapted model equals its base. Targets are shell-style 
       `lora_A.<proj>` [E, r, in], `lora_B.<proj>` [E, out, r] for proj in gate_proj, up_proj, down_proj.
 The adapted modules replace the originals in their parents but hold the very same base parameters under the
 same names, so every base state-dict key is unchanged. The router is never a target.
+`modules_to_save` (PEFT's name): globs over module names of base modules trained whole beside the adapter (the
+text head and the word embeddings, say); the export writes them with the factors, the rest of the base stays
+frozen.
 
 A is drawn from a generator of its own, seeded by the adapter's `seed` and the module's name: the same adapter
 under any device, sharding or materialisation order, and the global random stream (the base's init) is not
@@ -203,12 +206,14 @@ def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
 class LoRA(Adapter):
     """rank r >= 1, alpha > 0 (scale alpha / r), dropout in [0, 1) on Linear targets only (refused with expert
     targets, as PEFT does), targets: globs over module names (`DEFAULT_TARGETS`: attention, dense MLPs, shared
-    and routed experts), seed: an integer >= 0 from which each module's A is drawn (`init_seed`)."""
+    and routed experts), seed: an integer >= 0 from which each module's A is drawn (`init_seed`),
+    modules_to_save: globs over module names of base modules trained whole (none by default; `saved_modules`)."""
 
     freezes_base: ClassVar[bool] = True
 
     def __init__(self, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
-                 targets: Sequence[str] = DEFAULT_TARGETS, seed: int = 0) -> None:
+                 targets: Sequence[str] = DEFAULT_TARGETS, seed: int = 0,
+                 modules_to_save: Sequence[str] = ()) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"adapter.rank={rank!r}: must be an integer >= 1")
         if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
@@ -219,8 +224,10 @@ class LoRA(Adapter):
             raise ValueError(f"adapter.targets={targets!r}: must be a non-empty list of module-name globs")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"adapter.seed={seed!r}: must be an integer >= 0")
+        if isinstance(modules_to_save, str) or not all(isinstance(m, str) and m for m in modules_to_save):
+            raise ValueError(f"adapter.modules_to_save={modules_to_save!r}: must be a list of module-name globs")
         self.rank, self.alpha, self.dropout, self.targets = rank, float(alpha), float(dropout), list(targets)
-        self.seed = seed
+        self.seed, self.modules_to_save = seed, list(modules_to_save)
 
     def target_names(self, model: nn.Module) -> list[str]:
         """The names of the modules the targets select, in model order; ValueError for a glob matching no
@@ -261,3 +268,32 @@ class LoRA(Adapter):
                 adapted = LoRALinear(module, self.rank, self.alpha, self.dropout, seed)
             replace_module(model, name, adapted)
         return lora_parameter_names(model)
+
+    def saved_modules(self, model: nn.Module) -> list[str]:
+        """The modules `modules_to_save` selects in the adapted `model`, outermost only, in model order;
+        ValueError for a glob matching no module, a module with no parameters, one holding the routed experts
+        (the split layout has no whole module for them) or one LoRA adapts, holds or is part of."""
+        modules = dict(model.named_modules())
+        adapted = list(lora_modules(model))
+        chosen: set[str] = set()
+        for glob in self.modules_to_save:
+            hits = [name for name in modules if name and fnmatchcase(name, glob)]
+            if not hits:
+                raise ValueError(f"adapter.modules_to_save: {glob!r} matches no module (names look like "
+                                 "'lm_head', 'model.word_embeddings')")
+            chosen.update(hits)
+        outermost = [name for name in modules if name in chosen
+                     and not any(name.startswith(f"{other}.") for other in chosen)]
+        for name in outermost:
+            module = modules[name]
+            if not any(True for _ in module.parameters()):
+                raise ValueError(f"adapter.modules_to_save selects {name!r}, a {type(module).__name__} with no "
+                                 "parameters")
+            if any(isinstance(m, GroupedExperts) for m in module.modules()):
+                raise ValueError(f"adapter.modules_to_save selects {name!r}, which holds routed experts: train "
+                                 "them with LoRA (adapter.targets) instead")
+            overlap = [a for a in adapted if a == name or a.startswith(f"{name}.") or name.startswith(f"{a}.")]
+            if overlap:
+                raise ValueError(f"adapter.modules_to_save selects {name!r}, and LoRA adapts {overlap[0]!r} "
+                                 "(adapter.targets): a module is adapted or trained whole, not both")
+        return outermost

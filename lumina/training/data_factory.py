@@ -151,12 +151,14 @@ def check_assets(train, val, model: LuminaConfig, index: int, previous: DatasetA
 
 
 def expected_tokens(tokenizer: str, config: DataConfig, model: LuminaConfig) -> SpecialTokens:
-    """The SpecialTokens a tokenizer.json defines (image sizes from the model)."""
+    """The SpecialTokens a tokenizer.json defines; the image sizes, which a tokenizer.json does not hold, are the
+    model's (C: data.num_codebooks, or the model's when it is null, as the data's C must equal the model's)."""
     from lumina.tokenizers.text import HFTokenizer, special_tokens_of
 
     if not Path(tokenizer).is_file():
         raise ConfigError(f"data.tokenizer={tokenizer!r}: no such tokenizer file")
-    return special_tokens_of(HFTokenizer(tokenizer), model.codebook_size, config.num_codebooks,
+    num_codebooks = model.num_codebooks if config.num_codebooks is None else config.num_codebooks
+    return special_tokens_of(HFTokenizer(tokenizer), model.codebook_size, num_codebooks,
                              image_vocab_size=model.image_vocab_size)
 
 

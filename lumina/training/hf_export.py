@@ -2,7 +2,7 @@
 config.json and the tokenizers of the source checkpoint and the data). layout "auto": the official split
 layout, or the fused one when the model uses a part the released model lacks (`unofficial_parts`). A model
 with a LoRA adapter is exported merged (`merged_state_dict`), its adapter beside it in PEFT's format
-(`<dirpath>/adapter`), from the gathered weights when the model is sharded."""
+(`<dirpath>/adapter`, with the modules it trains whole), from the gathered weights when the model is sharded."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class HFExportCallback(L.Callback):
             return
         if lora_modules(model):  # the adapter's structure from the model, its values from the weights
             state = weights.state_dict() if isinstance(weights, nn.Module) else weights
-            self.adapter = save_peft_adapter(model, self.dirpath / "adapter", overwrite=True, state=state)
+            self.adapter = save_peft_adapter(model, self.dirpath / "adapter", overwrite=True, state=state,
+                                             modules_to_save=pl_module.adapter.saved_modules(model))
             weights = merged_state_dict(model, state)
         source_dir = getattr(pl_module, "init_from", None)
         config, layout = pl_module.model.config, self.layout

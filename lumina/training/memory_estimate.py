@@ -303,7 +303,7 @@ def estimate_step_memory(config: LuminaConfig, seq_len: int, policy: str | bool 
         model = LuminaModel(config)
     adapter_params = adapter.apply(model) if adapter is not None else []
     counts = parameter_counts(model)
-    only = adapter_params if adapter is not None and adapter.freezes_base else None
+    only = adapter.trainable(model, adapter_params) if adapter is not None else None
     trainable_params = mark_trainable(model, freeze, only)
     trainable = sum(p.numel() for p in trainable_params.values())
     heads = sum(p.numel() for name, p in trainable_params.items() if name.startswith(HEAD_MODULES))

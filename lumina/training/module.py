@@ -111,8 +111,7 @@ class LuminaModule(L.LightningModule):
         adapter_params = self.adapter.apply(model)
         self.adapter_names = adapter_params  # not in init_from: a strategy loading it leaves these as initialised
         apply_checkpointing(model, self.model_config.gradient_checkpointing)
-        only = adapter_params if self.adapter.freezes_base else None
-        trainable = mark_trainable(model, self.freeze_globs, only)
+        trainable = mark_trainable(model, self.freeze_globs, self.adapter.trainable(model, adapter_params))
         self.frozen_names = [name for name, _ in model.named_parameters() if name not in trainable]
         self.objective.configure_routers(model)  # training-mode selection noise (objective.balance)
         if self.compile:  # after checkpointing, before the strategy shards the layers

@@ -282,6 +282,11 @@ def test_memory_estimate_counts_gradients_and_states_of_the_adapter_only():
     lora16 = estimate_step_memory(config, 256, precision=bf16, adapter=LoRA(rank=RANK, alpha=ALPHA))
     heads = (config.vocab_size + config.num_codebooks * config.codebook_size) * config.hidden_size
     assert full16.head_losses - lora16.head_losses == heads * 4
+    # modules_to_save: the text head's gradient and AdamW states on top of the adapter's (and its accumulator)
+    saved = estimate_step_memory(config, 256, adapter=LoRA(rank=RANK, alpha=ALPHA, modules_to_save=["lm_head"]))
+    head = config.vocab_size * config.hidden_size
+    assert saved.trainable_count == adapter_count + head
+    assert saved.gradients == (adapter_count + head) * 4 and saved.optimizer_states == 2 * (adapter_count + head) * 4
 
 
 @pytest.mark.parametrize("policy", ["full", "selective"])
@@ -321,3 +326,43 @@ def test_reset_parameters_draws_the_base_init_and_a_zero_b():
         assert not torch.equal(after, before)
         assert 0.8 * std < after.std().item() < 1.2 * std  # N(0, std), not nn.Linear's Kaiming bound
         assert all(p.abs().max() == 0 for n, p in module.named_parameters() if n.startswith("lora_B"))
+
+
+def test_modules_to_save_are_refused_by_name_when_they_cannot_be_trained_whole(tmp_path):
+    with pytest.raises(ValueError, match=r"adapter.modules_to_save='lm_head': must be a list"):
+        LoRA(rank=RANK, modules_to_save="lm_head")
+    for globs, pattern in ((["lm_haed"], r"'lm_haed' matches no module"),
+                           (["*.attention.dense"], r"selects 'model\.layers\.0\.attention\.dense', and LoRA adapts "
+                                                   r"'model\.layers\.0\.attention\.dense'"),
+                           (["model.layers.0"], r"selects 'model\.layers\.0', and LoRA adapts "
+                                                r"'model\.layers\.0\.attention\.query_key_value'"),
+                           (["model"], r"selects 'model', which holds routed experts"),
+                           (["model.rotary_emb"], r"selects 'model\.rotary_emb', a .* with no parameters")):
+        model = base_model()
+        adapter = LoRA(rank=RANK, modules_to_save=globs)
+        adapter.apply(model)
+        with pytest.raises(ValueError, match=pattern):
+            adapter.saved_modules(model)
+    model = base_model()
+    adapter = LoRA(rank=RANK, targets=["*.attention.dense"], modules_to_save=["lm_*", "*.mlp.gate"])
+    added = adapter.apply(model)
+    assert adapter.saved_modules(model)[-1] == "lm_img_head" and "model.layers.1.mlp.gate" in adapter.saved_modules(model)
+    trainable = adapter.trainable(model, added)
+    assert trainable[:len(added)] == added
+    assert set(trainable[len(added):]) == {n for n, _ in model.named_parameters()
+                                            if n.startswith(("lm_head.", "lm_img_head.")) or ".mlp.gate." in n}
+
+    out = save_peft_adapter(model, tmp_path / "a", modules_to_save=adapter.saved_modules(model))
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(out / "adapter_model.safetensors"))
+    config = json.loads((out / "adapter_config.json").read_text())
+    saved = config["modules_to_save"]
+    assert saved == adapter.saved_modules(model)
+    (out / "adapter_config.json").write_text(json.dumps({**config, "modules_to_save": ["lm_haed"]}))
+    with pytest.raises(ValueError, match=r"modules_to_save entry 'lm_haed' names no module"):
+        load_peft_adapter(base_model(), out)
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    del tensors["base_model.model.lm_head.weight"]
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match=r"no base_model\.model\.lm_head\.weight \(modules_to_save names 'lm_head'"):
+        load_peft_adapter(base_model(), out)

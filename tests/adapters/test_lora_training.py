@@ -5,6 +5,7 @@ trained logits."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -132,3 +133,51 @@ def test_a_resume_under_another_adapter_is_refused_naming_both():
         module.on_load_checkpoint({"hyper_parameters": {"adapter": {"name": "none"}}})
     with pytest.raises(ValueError, match=r"trained with adapter=\{'name': 'none'\}"):
         module.on_load_checkpoint({"hyper_parameters": {}})  # a checkpoint from before adapters: none
+
+
+SAVED = ["lm_head", "model.word_embeddings"]  # trained whole beside the adapter (PEFT's modules_to_save)
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """The same 30-step LoRA run with adapter.modules_to_save=[lm_head, model.word_embeddings]."""
+    root = tmp_path_factory.mktemp("saved_run")
+    torch.manual_seed(0)
+    base = LuminaModel(LuminaConfig.tiny())
+    save_pretrained(base, root / "base", layout="split")
+    cfg = compose_train([
+        "adapter=lora", "adapter.rank=4", "adapter.alpha=8", f"adapter.modules_to_save=[{','.join(SAVED)}]",
+        f"model.init_from={root / 'base'}", f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=0",
+        "optim.lr=3e-3", "optim.warmup_steps=2", "logger=none", "callbacks.checkpoint=null",
+        "callbacks.conditioning=null", "callbacks.expert_usage=null", "ckpt_path=null",
+        *small_data(num_samples=48), *quiet(root / "out")])
+    return base.state_dict(), run(cfg)
+
+
+def test_modules_to_save_train_exactly_those_modules_and_travel_with_the_peft_adapter(saved_run):
+    base_state, outputs = saved_run
+    model = outputs.module.model
+    saved = [f"{name}.weight" for name in SAVED]
+    trained = model.state_dict()
+    changed = [k for k in base_state if not torch.equal(trained[k], base_state[k])]
+    assert sorted(changed) == sorted(saved)  # the rest of the base bit for bit, expert bias included
+    optimizer = outputs.trainer.optimizers[0]
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(p) for n, p in model.named_parameters() if ".lora_" in n or n in saved}
+
+    export = outputs.output_dir / "hf"
+    config = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert config["modules_to_save"] == ["model.word_embeddings", "lm_head"]
+    with safe_open(str(export / "adapter" / "adapter_model.safetensors"), "pt") as f:
+        whole = {k: f.get_tensor(k) for k in f.keys() if ".lora_" not in k}
+    assert sorted(whole) == sorted(f"base_model.model.{k}" for k in saved)
+    for key in saved:
+        assert torch.equal(whole[f"base_model.model.{key}"], trained[key])
+    text, image = logits(model)
+    merged_text, merged_image = logits(load_pretrained(export))
+    torch.testing.assert_close(merged_text, text, rtol=0, atol=1e-5)
+    torch.testing.assert_close(merged_image, image, rtol=0, atol=1e-5)
+    adapted = load_pretrained(outputs.output_dir.parent / "base")
+    load_peft_adapter(adapted, export / "adapter")
+    adapted_text, adapted_image = logits(adapted)
+    assert torch.equal(adapted_text, text) and torch.equal(adapted_image, image)

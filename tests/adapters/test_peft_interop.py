@@ -1,6 +1,7 @@
 """lumina's PEFT-format adapter against `peft` itself (the `peft` extra, pinned in pyproject; skipped where it
 is not installed): peft loads lumina's export onto a module tree with the official split-layout names and
-merges to lumina's merged export, and an adapter peft writes for those names imports into lumina."""
+merges to lumina's merged export, and an adapter peft writes for those names imports into lumina; both with
+and without modules trained whole (`modules_to_save`)."""
 
 from __future__ import annotations
 
@@ -58,16 +59,21 @@ def base_model() -> LuminaModel:
     return LuminaModel(LuminaConfig.tiny()).eval()
 
 
-def test_peft_loads_the_export_and_merges_to_lumina_merged_weights(tmp_path):
+SAVED = ["lm_head", "model.word_embeddings"]  # modules_to_save: trained whole, written whole
+
+
+@pytest.mark.parametrize("modules_to_save", [[], SAVED])
+def test_peft_loads_the_export_and_merges_to_lumina_merged_weights(tmp_path, modules_to_save):
     base_split = split_weights(base_model(), tmp_path / "base")
     model = base_model()
-    LoRA(rank=4, alpha=8).apply(model)
+    adapter = LoRA(rank=4, alpha=8, modules_to_save=modules_to_save)
+    adapter.apply(model)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if ".lora_B" in name:
+            if ".lora_B" in name or name.removesuffix(".weight") in modules_to_save:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.05)
-    save_peft_adapter(model, tmp_path / "adapter")
+    save_peft_adapter(model, tmp_path / "adapter", modules_to_save=adapter.saved_modules(model))
     lumina_merged = split_weights(merge_adapter(model), tmp_path / "merged")
 
     loaded = peft.PeftModel.from_pretrained(split_tree(base_split), str(tmp_path / "adapter"))
@@ -77,18 +83,21 @@ def test_peft_loads_the_export_and_merges_to_lumina_merged_weights(tmp_path):
     assert "model.layers.2.mlp.experts.7.down_proj.weight" in lumina_merged
     assert not torch.equal(lumina_merged["model.layers.2.mlp.experts.7.down_proj.weight"],
                            base_split["model.layers.2.mlp.experts.7.down_proj.weight"])
+    for name in modules_to_save:  # peft took the trained module, not the base's
+        assert not torch.equal(lumina_merged[f"{name}.weight"], base_split[f"{name}.weight"])
 
 
-def test_an_adapter_peft_writes_imports_into_lumina(tmp_path):
+@pytest.mark.parametrize("modules_to_save", [None, ["lm_head"]])
+def test_an_adapter_peft_writes_imports_into_lumina(tmp_path, modules_to_save):
     base_split = split_weights(base_model(), tmp_path / "base")
     targets = sorted({k[:-len(".weight")] for k in linear_weights(base_split)
                       if (".attention." in k or ".mlp." in k) and ".mlp.gate." not in k})
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, modules_to_save=modules_to_save)
     written = peft.get_peft_model(split_tree(base_split), config)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for name, param in written.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or ".modules_to_save." in name:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.05)
     written.save_pretrained(str(tmp_path / "peft_adapter"))
     peft_merged = written.merge_and_unload()
@@ -105,3 +114,5 @@ def test_an_adapter_peft_writes_imports_into_lumina(tmp_path):
         text = [out.heads.text_logits(out.text_states) for out in (adapted, plain, base)]
     torch.testing.assert_close(text[0], text[1], rtol=0, atol=1e-5)
     assert not torch.allclose(text[0], text[2], atol=1e-3)
+    for name in modules_to_save or []:
+        assert not torch.equal(model.get_parameter(f"{name}.weight"), base_split[f"{name}.weight"])

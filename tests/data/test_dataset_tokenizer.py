@@ -96,3 +96,16 @@ def test_tokenizer_files_replaced_after_the_build_are_refused(tmp_path):
     (tmp_path / "b" / "tokenizer.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"text tokenizer .*tokenizer.json changed since the data was built"):
         build_datamodule(config(train, val), LuminaConfig.tiny())
+
+
+def test_data_tokenizer_checks_data_whose_codebooks_come_from_the_data(tmp_path):
+    """data.tokenizer (experiment=finetune sets it to the checkpoint's) with data.num_codebooks null (data=parquet):
+    the expected settings take C from the model, and a tokenizer of another vocabulary is refused by name."""
+    train, val = write_dataset(tmp_path, fitted(64, 4))
+    dm = build_datamodule({**config(train, val), "tokenizer": str(tmp_path / "tokenizer.json")}, LuminaConfig.tiny())
+    assert dm.config.num_codebooks == 4
+    WordTokenizer(["a", "box", "sphere"]).save(tmp_path / "other" / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"special-token/codebook settings differ from the expected settings: "
+                                         r"text_vocab_size"):
+        build_datamodule({**config(train, val), "tokenizer": str(tmp_path / "other" / "tokenizer.json")},
+                         LuminaConfig.tiny())

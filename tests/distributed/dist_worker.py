@@ -446,11 +446,12 @@ def sequence_runs() -> None:
 
 
 # ---------------------------------------------------------------- LoRA under FSDP2 + EP
-LORA = {"name": "lora", "rank": 4, "alpha": 8}
+LORA = {"name": "lora", "rank": 4, "alpha": 8, "modules_to_save": ["lm_head"]}
 
 
 def lora_module(hf_dir: str | None, checkpointing: str = "none"):
-    """The LoRA fine-tune every adapter run trains: rank 4 on the default targets, base from `hf_dir` (None:
+    """The LoRA fine-tune every adapter run trains: rank 4 on the default targets and the text head trained
+    whole (modules_to_save), base from `hf_dir` (None:
     the seed-0 init), activation checkpointing `checkpointing`."""
     from lumina.training.module import LuminaModule
     from lumina.training.optim import OptimConfig

@@ -1,6 +1,7 @@
-"""LoRA (rank 4, every default target: attention, dense MLP, shared and routed experts) under FSDP2 + EP=2 on
-2 gloo ranks with the real Lightning Trainer, from a split HF base (`init_from`): the same losses as one
-process on the union of the ranks' packs, only the adapter gets gradients and optimizer state, the routed
+"""LoRA (rank 4, every default target: attention, dense MLP, shared and routed experts; the text head trained
+whole, `modules_to_save`) under FSDP2 + EP=2 on 2 gloo ranks with the real Lightning Trainer, from a split HF
+base (`init_from`): the same losses as one process on the union of the ranks' packs (so the text head starts
+from `init_from` too), only the adapter and the text head get gradients and optimizer state, the routed
 experts' factors are split along E like their experts, the DCP checkpoint holds no frozen base and resumes at
 EP=2, loads at EP=1 and into one process, and the end-of-run export is the merged model plus the adapter."""
 
@@ -22,6 +23,7 @@ from lumina.distributed import load_dcp_weights
 from lumina.model import LuminaModel
 
 STEPS = 4
+SAVED = [f"{name}.weight" for name in LORA["modules_to_save"]]  # the text head, trained whole
 
 
 @pytest.fixture(scope="module")
@@ -58,18 +60,22 @@ def test_activation_checkpointing_keeps_the_losses(lora_dist) -> None:
         assert got["checkpointed_losses"] == pytest.approx(got["losses"][:2], rel=1e-6)
 
 
-def test_only_the_adapter_gets_gradients_and_optimizer_state_and_the_base_stays(lora_dist) -> None:
+def test_only_the_adapter_and_the_saved_head_get_gradients_and_optimizer_state_and_the_base_stays(lora_dist):
     ranks, hf_in = lora_dist
     base = load_pretrained(hf_in).state_dict()
     for got in ranks:
         names = sorted(got["adapter_names"])
         assert any(".experts.lora_B.down_proj" in n for n in names) and any(".dense.lora_A" in n for n in names)
-        assert got["with_grad"] == [names] * STEPS  # no frozen parameter ever holds a (reduced) gradient
-        assert got["optimizer_params"] == names and got["optimizer_states"] == len(names)
+        trained = sorted(names + SAVED)
+        assert got["with_grad"] == [trained] * STEPS  # no frozen parameter ever holds a (reduced) gradient
+        assert got["optimizer_params"] == trained and got["optimizer_states"] == len(trained)
         weights = got["weights"]
         assert sorted(k for k in weights if k not in base) == names
         for key, value in base.items():
-            assert torch.equal(weights[key], value), key  # the frozen base, expert bias included
+            if key in SAVED:
+                assert not torch.equal(weights[key], value), key
+            else:
+                assert torch.equal(weights[key], value), key  # the frozen base, expert bias included
         assert any(weights[n].abs().max() > 0 for n in names if ".experts.lora_B" in n)
 
 
@@ -87,7 +93,7 @@ def test_the_dcp_checkpoint_holds_the_adapter_and_buffers_only(lora_dist) -> Non
     model_keys = {k.removeprefix("state_dict.model.") for k in stored if k.startswith("state_dict.")}
     plain = LuminaModel(tiny_config())
     buffers = {k for k in plain.state_dict() if k not in dict(plain.named_parameters())}
-    assert buffers and model_keys == set(ranks[0]["adapter_names"]) | buffers
+    assert buffers and model_keys == set(ranks[0]["adapter_names"]) | set(SAVED) | buffers
     assert any(k.startswith("optimizer_0.state.") and ".lora_A" in k for k in stored)
 
 
@@ -101,7 +107,7 @@ def test_dcp_resumes_at_ep2_and_loads_at_ep1_and_in_one_process(lora_dist) -> No
             assert torch.equal(got["reloaded"][key], value), key
     model = load_pretrained(hf_in)
     names = LoRA(rank=LORA["rank"], alpha=LORA["alpha"]).apply(model)
-    load_dcp_weights(model, ranks[0]["ckpt"], keys=names)
+    load_dcp_weights(model, ranks[0]["ckpt"], keys=names + SAVED)
     state = model.state_dict()
     for key, value in ranks[0]["step2"].items():
         assert torch.equal(state[key], value), key
@@ -124,7 +130,8 @@ def test_the_export_is_the_merged_model_and_the_adapter(lora_dist) -> None:
     merged = load_pretrained(export).state_dict()
     for key, value in merged_state_dict(trained).items():
         torch.testing.assert_close(merged[key], value, rtol=0, atol=0, msg=key)
-    assert json.loads((export / "adapter" / "adapter_config.json").read_text())["r"] == LORA["rank"]
+    config = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["modules_to_save"]) == (LORA["rank"], LORA["modules_to_save"])
     adapted = load_pretrained(hf_in)
     load_peft_adapter(adapted, export / "adapter")
     state = adapted.state_dict()
