@@ -140,7 +140,7 @@ def start_now(n: int, seq_len: int) -> dict:
     plan.fingerprint()
     t3 = time.perf_counter()
     return {"dropout_s": t1 - t0, "plan_s": t2 - t1, "fingerprint_s": t3 - t2, "total_s": t3 - t0,
-            "inputs_mib": inputs, "peak_mib": rss_mib(), "packs": plan.num_packs, "fill": plan.fill_ratio}
+            "inputs_mib": inputs, "peak_mib": rss_mib(), "packs": plan.num_packs, "fill": plan.packing.fill_ratio}
 
 
 def start_before(n: int, seq_len: int) -> dict:
