@@ -25,6 +25,7 @@ modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_memory import SMALL_CONFIG  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_times  # noqa: E402
 
 from lumina.data.schema import Media, Text  # noqa: E402
 from lumina.data.special_tokens import SpecialTokens  # noqa: E402
@@ -113,11 +114,55 @@ def _runner(model, sampler, prompts, tokens, config):  # noqa: ANN001, ANN202
     return lambda: sampler(model, prompts, tokens, config)
 
 
+def first_call_counted(model: LuminaModel, run, flops: list[int]):  # noqa: ANN001, ANN201
+    """`run`, whose first call also counts its FLOPs into `flops` (counted_flops; the count costs microseconds
+    per forward, so the counted call is timed like the rest)."""
+    def call() -> None:
+        if flops:
+            run()
+        else:
+            flops.append(counted_flops(model, run))
+    return call
+
+
+def spread(times: list[float]) -> str:
+    return f"{statistics.median(times):7.2f} s [{min(times):.2f}-{max(times):.2f}]"
+
+
+def official_understanding(model: LuminaModel, prompt: Prompt, tokens: SpecialTokens, fields: dict,
+                           official: Path):  # noqa: ANN201
+    """The official understanding generator (infer_mmu_sft.infer_single_turn_text -> generate_text_bd, from an
+    InternLumina-U2 checkout at `official`) on the same model and prompt, through the interface the parity
+    tests run it with (tests/generation/official/interface.py: lumina's backbone and heads behind the official
+    call signature; it also checks every mask the official loop builds against lumina's rule). -> run() that
+    returns the answer ids (cut before EOA, as the official loop does)."""
+    sys.path[:0] = [str(official.resolve()), str(Path(__file__).resolve().parents[2] / "tests/generation/official")]
+    import infer_mmu_sft as mmu
+    from interface import OfficialInterface
+
+    from lumina.generation.sequences import prompt_piece
+
+    prefix = prompt_piece(prompt, tokens)
+    p = len(prefix)
+    interface = OfficialInterface(model, tokens, fields["block_length"])
+
+    def run() -> list[int]:
+        return mmu.infer_single_turn_text(
+            interface, None, prefix.input_ids, prefix.type_ids, fields["gen_length"], fields["block_length"],
+            fields["steps"], fields["temperature"], "cpu", prefix_turn_ids=torch.zeros(p, dtype=torch.long),
+            prefix_block_ids=torch.full((p,), -1, dtype=torch.long), prefix_is_clean=torch.ones(p, dtype=torch.long),
+            prefix_position_ids=torch.arange(p), generated_turn_id=1, generated_position_start=p + 1).tolist()
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="understand,edit_none,edit_dual,t2i_guided,batched")
+    parser.add_argument("--official", type=Path, default=None,
+                        help="InternLumina-U2 checkout (infer_mmu_sft.py, generators/, utils/): the understanding "
+                             "case also runs the official generator (the baseline)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -126,18 +171,29 @@ def main() -> None:
     with torch.no_grad():
         model.lm_head.weight[tokens.eoa] = 0.0  # no early stop: every block of every case is decoded
     wanted = args.cases.split(",")
-    print(f"threads={torch.get_num_threads()} repeats={args.repeats} (medians, cache / no cache interleaved)")
+    print(f"threads={torch.get_num_threads()} repeats={args.repeats} (medians [min-max] of interleaved rounds, "
+          f"the order reversed every other round)")
     for name, (sampler, prompts, fields) in cases(tokens).items():
         if name not in wanted:
             continue
-        runs = {cache: _runner(model, sampler, prompts, tokens, config_of(sampler, fields, cache))
-                for cache in (False, True)}
-        flops = {cache: counted_flops(model, run) for cache, run in runs.items()}
-        seconds = interleaved_medians({str(c): run for c, run in runs.items()}, args.repeats, warmup=False)
-        measured = seconds["False"] / seconds["True"]
-        predicted = flops[False] / flops[True]
-        print(f"{name:11s} no cache {seconds['False']:7.2f} s  cache {seconds['True']:6.2f} s  measured "
-              f"{measured:5.2f}x  FLOP-predicted {predicted:5.2f}x  measured/predicted {measured / predicted:4.2f}")
+        runs = {f"cache={c}": _runner(model, sampler, prompts, tokens, config_of(sampler, fields, c))
+                for c in (False, True)}
+        if name == "understand" and args.official is not None:
+            official = official_understanding(model, prompts[0], tokens, fields, args.official)
+            ours = runs["cache=True"]()[0].ids
+            print(f"understand  official answer == lumina's (cache): {official() == ours} ({len(ours)} tokens)")
+            runs["official"] = official
+        flops: dict[str, list[int]] = {key: [] for key in runs}
+        times = interleaved_times({key: first_call_counted(model, run, flops[key]) for key, run in runs.items()},
+                                  args.repeats, warmup=False, alternate=True)
+        cached = times["cache=True"]
+        for key in [k for k in runs if k != "cache=True"]:
+            rounds = [a / b for a, b in zip(times[key], cached, strict=True)]
+            measured = statistics.median(times[key]) / statistics.median(cached)
+            predicted = flops[key][0] / flops["cache=True"][0]
+            print(f"{name:11s} {key:11s} {spread(times[key])}  cache {spread(cached)}  measured {measured:5.2f}x "
+                  f"[rounds {min(rounds):.2f}-{max(rounds):.2f}]  FLOP-predicted {predicted:5.2f}x  "
+                  f"measured/predicted {measured / predicted:4.2f}", flush=True)
     if "batched" in wanted:
         prompts = [Prompt([Text(list(range(1000, 1004 + i)))], key=i) for i in range(16)]
 
@@ -145,10 +201,13 @@ def main() -> None:
             config = TextSamplingConfig(gen_length=32, block_length=32, steps=32, temperature=0.0, batch_size=size)
             return lambda: generate_text(model, prompts, tokens, config)
 
-        seconds = interleaved_medians({"16": batched(16), "1": batched(1)}, args.repeats, warmup=False)
+        times = interleaved_times({"16": batched(16), "1": batched(1)}, args.repeats, warmup=True, alternate=True)
+        rounds = [a / b for a, b in zip(times["1"], times["16"], strict=True)]
         print(f"batched     16 text prompts (one block of 32 tokens, 32 steps, cache): 16 per forward "
-              f"{16 / seconds['16']:.2f} prompts/s, one at a time {16 / seconds['1']:.2f} prompts/s "
-              f"({seconds['1'] / seconds['16']:.2f}x)")
+              f"{spread(times['16'])} = {16 / statistics.median(times['16']):.2f} prompts/s, one at a time "
+              f"{spread(times['1'])} = {16 / statistics.median(times['1']):.2f} prompts/s "
+              f"({statistics.median(times['1']) / statistics.median(times['16']):.2f}x, rounds "
+              f"{min(rounds):.2f}-{max(rounds):.2f})", flush=True)
 
 
 if __name__ == "__main__":
