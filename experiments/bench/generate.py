@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -114,14 +115,16 @@ def _runner(model, sampler, prompts, tokens, config):  # noqa: ANN001, ANN202
     return lambda: sampler(model, prompts, tokens, config)
 
 
-def first_call_counted(model: LuminaModel, run, flops: list[int]):  # noqa: ANN001, ANN201
+def first_call_counted(model: LuminaModel, run, flops: list[int], name: str):  # noqa: ANN001, ANN201
     """`run`, whose first call also counts its FLOPs into `flops` (counted_flops; the count costs microseconds
-    per forward, so the counted call is timed like the rest)."""
+    per forward, so the counted call is timed like the rest); each call's seconds go to stderr as it ends."""
     def call() -> None:
+        start = time.perf_counter()
         if flops:
             run()
         else:
             flops.append(counted_flops(model, run))
+        print(f"  ({name}: {time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
     return call
 
 
@@ -184,7 +187,7 @@ def main() -> None:
             print(f"understand  official answer == lumina's (cache): {official() == ours} ({len(ours)} tokens)")
             runs["official"] = official
         flops: dict[str, list[int]] = {key: [] for key in runs}
-        times = interleaved_times({key: first_call_counted(model, run, flops[key]) for key, run in runs.items()},
+        times = interleaved_times({key: first_call_counted(model, run, flops[key], f"{name} {key}") for key, run in runs.items()},
                                   args.repeats, warmup=False, alternate=True)
         cached = times["cache=True"]
         for key in [k for k in runs if k != "cache=True"]:
