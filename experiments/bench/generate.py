@@ -9,17 +9,22 @@ Cases (issue 43): understanding a 32 x 32-cell image, 256 answer tokens in block
 guidance (cfg 3). Each prints the measured ratio next to the FLOP-predicted one (`lumina.model.flops`
 `forward_flops` of every forward each run makes: backbone at the rows it computes, attention at the pairs the
 segmented backend computes, plus the heads), and `batched` the throughput of 16 text prompts packed 16 per
-forward against one at a time (with the cache). Figures: experiments/bench/README.md.
+forward against one at a time (with the cache).
 
-Measured 2026-12-06 on the 2-core CPU shared with other jobs, 1 thread, `--repeats 1` (one run of each; five
-interleaved runs did not fit the session: read the image rows as +-30%):
-  understand  no cache 176.6 s  cache 19.5 s  9.04x  FLOP-predicted 10.26x  (0.88 of it)
-  edit_none   no cache  41.3 s  cache 39.7 s  1.04x  FLOP-predicted  1.13x  (0.92)
-  edit_dual   no cache  74.0 s  cache 44.8 s  1.65x  FLOP-predicted  1.21x  (1.37: load noise)
-  t2i_guided  no cache  45.0 s  cache 44.1 s  1.02x  FLOP-predicted  1.01x  (1.01)
-  batched     16 text prompts, one block of 32, 32 steps: 16 per forward 0.53 prompts/s, one at a time 0.40 (1.32x)
+Measured 2026-12-06 on the 2-core CPU shared with other jobs (load average 6-9), 1 thread, medians
+[min-max] of interleaved rounds (understanding 5 rounds with --official, the image cases and batched 3):
+  understand  no cache 206.8 s [156.0-233.8]  cache 42.2 s [29.3-45.6]  4.90x [rounds 4.59-5.33]  FLOP 10.26x (0.48)
+              official 197.0 s [172.6-238.8]  4.67x [4.21-5.89] against lumina with the cache (FLOP 10.95x)
+  edit_none   no cache  68.2 s [67.7-75.1]   cache 64.1 s [63.5-65.5]  1.06x [1.04-1.18]  FLOP 1.13x (0.94)
+  edit_dual   no cache  77.4 s [74.6-78.0]   cache 70.7 s [70.7-70.9]  1.09x [1.05-1.10]  FLOP 1.21x (0.91)
+  t2i_guided  no cache  69.4 s [68.8-70.5]   cache 70.5 s [67.6-71.9]  0.98x [0.98-1.03]  FLOP 1.01x (0.98)
+  batched     16 prompts per forward 0.55 prompts/s [29.0 s, 28.8-39.2], one at a time 0.37 [43.4 s]: 1.50x [1.12-1.51]
 The image cases are bound by the channel head and the 8 codebook heads at every masked cell (the same in both
-modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone.
+modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone. The cached understanding run is
+mostly the 157,184-word text head at 32 rows (160 MB of weights read per step, 85% of its FLOPs) and the
+sampler's fp64 softmax over the vocabulary (not counted in FLOPs, the same in both modes): probably why it is
+the more load-sensitive run here (a quieter single run measured 9.04x). Figures and the GPU outlook:
+experiments/kv_cache.md.
 """
 
 from __future__ import annotations
