@@ -9,30 +9,37 @@ Cases (issue 43): understanding a 32 x 32-cell image, 256 answer tokens in block
 guidance (cfg 3). Each prints the measured ratio next to the FLOP-predicted one (`lumina.model.flops`
 `forward_flops` of every forward each run makes: backbone at the rows it computes, attention at the pairs the
 segmented backend computes, plus the heads), and `batched` the throughput of 16 text prompts packed 16 per
-forward against one at a time (with the cache). Figures: experiments/bench/README.md.
+forward against one at a time (with the cache).
 
-Measured 2026-12-06 on the 2-core CPU shared with other jobs, 1 thread, `--repeats 1` (one run of each; five
-interleaved runs did not fit the session: read the image rows as +-30%):
-  understand  no cache 176.6 s  cache 19.5 s  9.04x  FLOP-predicted 10.26x  (0.88 of it)
-  edit_none   no cache  41.3 s  cache 39.7 s  1.04x  FLOP-predicted  1.13x  (0.92)
-  edit_dual   no cache  74.0 s  cache 44.8 s  1.65x  FLOP-predicted  1.21x  (1.37: load noise)
-  t2i_guided  no cache  45.0 s  cache 44.1 s  1.02x  FLOP-predicted  1.01x  (1.01)
-  batched     16 text prompts, one block of 32, 32 steps: 16 per forward 0.53 prompts/s, one at a time 0.40 (1.32x)
+Measured 2026-12-06 on the 2-core CPU shared with other jobs (load average 6-9), 1 thread, medians
+[min-max] of interleaved rounds (understanding 5 rounds with --official, the image cases and batched 3):
+  understand  no cache 206.8 s [156.0-233.8]  cache 42.2 s [29.3-45.6]  4.90x [rounds 4.59-5.33]  FLOP 10.26x (0.48)
+              official 197.0 s [172.6-238.8]  4.67x [4.21-5.89] against lumina with the cache (FLOP 10.95x)
+  edit_none   no cache  68.2 s [67.7-75.1]   cache 64.1 s [63.5-65.5]  1.06x [1.04-1.18]  FLOP 1.13x (0.94)
+  edit_dual   no cache  77.4 s [74.6-78.0]   cache 70.7 s [70.7-70.9]  1.09x [1.05-1.10]  FLOP 1.21x (0.91)
+  t2i_guided  no cache  69.4 s [68.8-70.5]   cache 70.5 s [67.6-71.9]  0.98x [0.98-1.03]  FLOP 1.01x (0.98)
+  batched     16 prompts per forward 0.55 prompts/s [29.0 s, 28.8-39.2], one at a time 0.37 [43.4 s]: 1.50x [1.12-1.51]
 The image cases are bound by the channel head and the 8 codebook heads at every masked cell (the same in both
-modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone.
+modes): the cache saves only the prompt's rows, P / (P + answer) of the backbone. The cached understanding run is
+mostly the 157,184-word text head at 32 rows (160 MB of weights read per step, 85% of its FLOPs) and the
+sampler's fp64 softmax over the vocabulary (not counted in FLOPs, the same in both modes): probably why it is
+the more load-sensitive run here (a quieter single run measured 9.04x). Figures and the GPU outlook:
+experiments/kv_cache.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_memory import SMALL_CONFIG  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
+from timing import interleaved_times  # noqa: E402
 
 from lumina.contract.schema import Media, Text  # noqa: E402
 from lumina.contract.special_tokens import SpecialTokens  # noqa: E402
@@ -113,11 +120,57 @@ def _runner(model, sampler, prompts, tokens, config):  # noqa: ANN001, ANN202
     return lambda: sampler(model, prompts, tokens, config)
 
 
+def first_call_counted(model: LuminaModel, run, flops: list[int], name: str):  # noqa: ANN001, ANN201
+    """`run`, whose first call also counts its FLOPs into `flops` (counted_flops; the count costs microseconds
+    per forward, so the counted call is timed like the rest); each call's seconds go to stderr as it ends."""
+    def call() -> None:
+        start = time.perf_counter()
+        if flops:
+            run()
+        else:
+            flops.append(counted_flops(model, run))
+        print(f"  ({name}: {time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+    return call
+
+
+def spread(times: list[float]) -> str:
+    return f"{statistics.median(times):7.2f} s [{min(times):.2f}-{max(times):.2f}]"
+
+
+def official_understanding(model: LuminaModel, prompt: Prompt, tokens: SpecialTokens, fields: dict,
+                           official: Path):  # noqa: ANN201
+    """The official understanding generator (infer_mmu_sft.infer_single_turn_text -> generate_text_bd, from an
+    InternLumina-U2 checkout at `official`) on the same model and prompt, through the interface the parity
+    tests run it with (tests/generation/official/interface.py: lumina's backbone and heads behind the official
+    call signature; it also checks every mask the official loop builds against lumina's rule). -> run() that
+    returns the answer ids (cut before EOA, as the official loop does)."""
+    sys.path[:0] = [str(official.resolve()), str(Path(__file__).resolve().parents[2] / "tests/generation/official")]
+    import infer_mmu_sft as mmu
+    from interface import OfficialInterface
+
+    from lumina.generation.sequences import prompt_piece
+
+    prefix = prompt_piece(prompt, tokens)
+    p = len(prefix)
+    interface = OfficialInterface(model, tokens, fields["block_length"])
+
+    def run() -> list[int]:
+        return mmu.infer_single_turn_text(
+            interface, None, prefix.input_ids, prefix.type_ids, fields["gen_length"], fields["block_length"],
+            fields["steps"], fields["temperature"], "cpu", prefix_turn_ids=torch.zeros(p, dtype=torch.long),
+            prefix_block_ids=torch.full((p,), -1, dtype=torch.long), prefix_is_clean=torch.ones(p, dtype=torch.long),
+            prefix_position_ids=torch.arange(p), generated_turn_id=1, generated_position_start=p + 1).tolist()
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default="understand,edit_none,edit_dual,t2i_guided,batched")
+    parser.add_argument("--official", type=Path, default=None,
+                        help="InternLumina-U2 checkout (infer_mmu_sft.py, generators/, utils/): the understanding "
+                             "case also runs the official generator (the baseline)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -126,18 +179,29 @@ def main() -> None:
     with torch.no_grad():
         model.lm_head.weight[tokens.eoa] = 0.0  # no early stop: every block of every case is decoded
     wanted = args.cases.split(",")
-    print(f"threads={torch.get_num_threads()} repeats={args.repeats} (medians, cache / no cache interleaved)")
+    print(f"threads={torch.get_num_threads()} repeats={args.repeats} (medians [min-max] of interleaved rounds, "
+          f"the order reversed every other round)")
     for name, (sampler, prompts, fields) in cases(tokens).items():
         if name not in wanted:
             continue
-        runs = {cache: _runner(model, sampler, prompts, tokens, config_of(sampler, fields, cache))
-                for cache in (False, True)}
-        flops = {cache: counted_flops(model, run) for cache, run in runs.items()}
-        seconds = interleaved_medians({str(c): run for c, run in runs.items()}, args.repeats, warmup=False)
-        measured = seconds["False"] / seconds["True"]
-        predicted = flops[False] / flops[True]
-        print(f"{name:11s} no cache {seconds['False']:7.2f} s  cache {seconds['True']:6.2f} s  measured "
-              f"{measured:5.2f}x  FLOP-predicted {predicted:5.2f}x  measured/predicted {measured / predicted:4.2f}")
+        runs = {f"cache={c}": _runner(model, sampler, prompts, tokens, config_of(sampler, fields, c))
+                for c in (False, True)}
+        if name == "understand" and args.official is not None:
+            official = official_understanding(model, prompts[0], tokens, fields, args.official)
+            ours = runs["cache=True"]()[0].ids
+            print(f"understand  official answer == lumina's (cache): {official() == ours} ({len(ours)} tokens)")
+            runs["official"] = official
+        flops: dict[str, list[int]] = {key: [] for key in runs}
+        times = interleaved_times({key: first_call_counted(model, run, flops[key], f"{name} {key}") for key, run in runs.items()},
+                                  args.repeats, warmup=False, alternate=True)
+        cached = times["cache=True"]
+        for key in [k for k in runs if k != "cache=True"]:
+            rounds = [a / b for a, b in zip(times[key], cached, strict=True)]
+            measured = statistics.median(times[key]) / statistics.median(cached)
+            predicted = flops[key][0] / flops["cache=True"][0]
+            print(f"{name:11s} {key:11s} {spread(times[key])}  cache {spread(cached)}  measured {measured:5.2f}x "
+                  f"[rounds {min(rounds):.2f}-{max(rounds):.2f}]  FLOP-predicted {predicted:5.2f}x  "
+                  f"measured/predicted {measured / predicted:4.2f}", flush=True)
     if "batched" in wanted:
         prompts = [Prompt([Text(list(range(1000, 1004 + i)))], key=i) for i in range(16)]
 
@@ -145,10 +209,13 @@ def main() -> None:
             config = TextSamplingConfig(gen_length=32, block_length=32, steps=32, temperature=0.0, batch_size=size)
             return lambda: generate_text(model, prompts, tokens, config)
 
-        seconds = interleaved_medians({"16": batched(16), "1": batched(1)}, args.repeats, warmup=False)
+        times = interleaved_times({"16": batched(16), "1": batched(1)}, args.repeats, warmup=True, alternate=True)
+        rounds = [a / b for a, b in zip(times["1"], times["16"], strict=True)]
         print(f"batched     16 text prompts (one block of 32 tokens, 32 steps, cache): 16 per forward "
-              f"{16 / seconds['16']:.2f} prompts/s, one at a time {16 / seconds['1']:.2f} prompts/s "
-              f"({seconds['1'] / seconds['16']:.2f}x)")
+              f"{spread(times['16'])} = {16 / statistics.median(times['16']):.2f} prompts/s, one at a time "
+              f"{spread(times['1'])} = {16 / statistics.median(times['1']):.2f} prompts/s "
+              f"({statistics.median(times['1']) / statistics.median(times['16']):.2f}x, rounds "
+              f"{min(rounds):.2f}-{max(rounds):.2f})", flush=True)
 
 
 if __name__ == "__main__":

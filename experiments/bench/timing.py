@@ -9,18 +9,26 @@ from collections.abc import Callable
 import torch
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
-    """Median seconds of each fn over `repeats` rounds; each round runs every fn once."""
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, warmup: bool = True,
+                      alternate: bool = False) -> dict[str, list[float]]:
+    """Seconds of each fn in each of `repeats` rounds; each round runs every fn once (in reversed order every
+    other round when `alternate`, so that neither always runs first)."""
     if warmup:
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for round_ in range(repeats):
+        order = list(fns.items())
+        for name, fn in (order[::-1] if alternate and round_ % 2 else order):
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
+    """Median seconds of each fn over `repeats` rounds; each round runs every fn once."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, repeats, warmup).items()}
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: bool = True) -> float:

@@ -84,7 +84,8 @@ def test_images_with_the_cache_equal_the_full_forward(case, tiny_model, tokens):
 
 
 def test_same_seed_same_samples_above_temperature_zero(tiny_model, tokens):
-    """Sampled with Gumbel noise (and top-k / top-p), the cache gives the same samples as the full forward."""
+    """Sampled with Gumbel noise (and top-k / top-p), the cache gives the same samples as the full forward, from
+    logits within 1e-5 (the samples alone would not notice a 0.1% error in the hidden states)."""
     def text(cache, seed=5):
         config = TextSamplingConfig(gen_length=16, block_length=8, steps=4, temperature=1.0, top_k=50, top_p=0.9,
                                     seed=seed, cache=cache)
@@ -94,10 +95,11 @@ def test_same_seed_same_samples_above_temperature_zero(tiny_model, tokens):
         config = ImageSamplingConfig(steps=4, temperature=1.0, cfg_scale=2.0, seed=seed, cache=cache)
         return [a.codes for a in generate_images(tiny_model, image_prompts(), tokens, config)]
 
-    assert text(True) == text(False) != text(True, seed=6)
-    same = [torch.equal(a, b) for a, b in zip(image(True), image(False), strict=True)]
-    assert all(same)
-    assert not all(torch.equal(a, b) for a, b in zip(image(True), image(True, seed=6), strict=True))
+    texts, _ = _both(text)
+    assert texts[True] == texts[False] != text(True, seed=6)
+    images, _ = _both(image)
+    assert all(torch.equal(a, b) for a, b in zip(images[True], images[False], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(images[True], image(True, seed=6), strict=True))
 
 
 def test_batched_prompts_with_the_cache_equal_one_at_a_time(tiny_model, tokens):
