@@ -1,5 +1,5 @@
 """The key/value cache against the full forward on a trained checkpoint: every world-evaluation task's prompts
-(`lumina.generation.world_eval.build_eval_set`, its samplers and settings), fp32, temperature 0, with
+(`lumina.world.evaluation.build_eval_set`, its samplers and settings), fp32, temperature 0, with
 `cache=true` and `cache=false` in one process. Per task: tokens / codes that differ, reference (no-cache)
 decisions whose top-2 or re-masking margin is under 1e-5 (near ties, where the two runs may rightly differ),
 and the largest logit difference at the decoded rows. `--sampled` adds the world evaluation's own temperatures
@@ -28,14 +28,15 @@ from gen_helpers import TIE, record_decisions  # noqa: E402
 from lumina.generation.assets import load_model  # noqa: E402
 from lumina.generation.image import generate_images  # noqa: E402
 from lumina.generation.text import generate_text  # noqa: E402
-from lumina.generation.world_eval import EVAL_TASKS, WorldEvalConfig, build_eval_set  # noqa: E402
+from lumina.world.evaluation import TEXT_TASKS, WorldEvalConfig, build_eval_set  # noqa: E402
+from lumina.world.tasks import EDIT, TASKS  # noqa: E402
 
 
 def settings_of(config: WorldEvalConfig, task: str):  # noqa: ANN201
-    """The world evaluation's sampler and settings for `task` (world_eval.evaluate_world's choice)."""
-    if task in ("caption", "vqa", "text_qa"):
+    """The world evaluation's sampler and settings for `task` (evaluate_world's choice)."""
+    if task in TEXT_TASKS:
         return generate_text, config.text
-    return generate_images, config.image if task == "t2i" else config.edit_image
+    return generate_images, config.edit_image if task == EDIT.name else config.image
 
 
 def outputs_of(answers: list) -> list[torch.Tensor]:
@@ -100,7 +101,7 @@ def main() -> None:
     print(f"checkpoint {args.checkpoint}, {args.items} prompts per task, {args.dtype}, 1 thread; tie threshold {TIE}")
     for label, config in modes:
         print(f"-- {label}")
-        for task in EVAL_TASKS:
+        for task in TASKS:
             sampler, settings = settings_of(config, task)
             r = check(model, eval_set, task, sampler, settings)
             ties = ", ".join(f"{kind} {n} of {total}" for kind, (n, total) in r["near_ties"].items())
