@@ -18,10 +18,10 @@ import time
 import torch
 
 from lumina.checkpoint import load_pretrained
-from lumina.data.world.checker import classify_image
-from lumina.generation.config import ImageSamplingConfig
 from lumina.generation.image import generate_images
-from lumina.generation.world_eval import ATTRIBUTES, WorldEvalConfig, build_eval_set
+from lumina.generation.sampling_config import ImageSamplingConfig
+from lumina.world.checker import classify_image
+from lumina.world.evaluation import ATTRIBUTES, IMAGE_TASKS, WorldEvalConfig, build_eval_set
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     model = load_pretrained(args.checkpoint).eval()
     eval_set = build_eval_set(WorldEvalConfig(split=args.split, num_items=args.items))
-    for task in ("t2i", "edit"):
+    for task in IMAGE_TASKS:
         items, prompts = eval_set.items[task], eval_set.prompts[task]
         exact = torch.zeros(args.k, len(items))
         start = time.perf_counter()
