@@ -73,6 +73,13 @@ def build_estimator(spec: dict | str, field: str) -> LikelihoodEstimator:
         raise ValueError(f"{field}: {error} (estimator {name!r})") from None
 
 
+def check_draws(estimator: str, draws: int) -> int:
+    """`draws` (independent passes to average) as given; ValueError naming the estimator unless an int >= 1."""
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"estimator {estimator}: draws={draws!r} must be an integer >= 1")
+    return draws
+
+
 def random_subset(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
     """bool [n] with `size` True at uniformly random places."""
     out = torch.zeros(n, dtype=torch.bool)

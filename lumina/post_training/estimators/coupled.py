@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from lumina.post_training.estimators import ESTIMATORS, LikelihoodEstimator, View, random_subset, uniform_int
+from lumina.post_training.estimators import (
+    ESTIMATORS,
+    LikelihoodEstimator,
+    View,
+    check_draws,
+    random_subset,
+    uniform_int,
+)
 from lumina.post_training.samples import Completion
 
 
@@ -19,9 +26,7 @@ class Coupled(LikelihoodEstimator):
     modality = "text"
 
     def __init__(self, draws: int = 1) -> None:
-        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-            raise ValueError(f"estimator coupled: draws={draws!r} must be an integer >= 1")
-        self.draws = draws
+        self.draws = check_draws("coupled", draws)
 
     def plan(self, completions: list[Completion], generator: torch.Generator) -> list[View]:
         self.check(completions)

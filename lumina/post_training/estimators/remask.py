@@ -8,7 +8,14 @@ import math
 
 import torch
 
-from lumina.post_training.estimators import ESTIMATORS, LikelihoodEstimator, View, random_subset, uniform_int
+from lumina.post_training.estimators import (
+    ESTIMATORS,
+    LikelihoodEstimator,
+    View,
+    check_draws,
+    random_subset,
+    uniform_int,
+)
 from lumina.post_training.samples import Completion
 
 
@@ -19,9 +26,7 @@ class Remask(LikelihoodEstimator):
     def __init__(self, min_ratio: float = 0.6, draws: int = 1) -> None:
         if not isinstance(min_ratio, int | float) or not 0.0 < min_ratio <= 1.0:
             raise ValueError(f"estimator remask: min_ratio={min_ratio!r} must lie in (0, 1]")
-        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-            raise ValueError(f"estimator remask: draws={draws!r} must be an integer >= 1")
-        self.min_ratio, self.draws = float(min_ratio), draws
+        self.min_ratio, self.draws = float(min_ratio), check_draws("remask", draws)
 
     def plan(self, completions: list[Completion], generator: torch.Generator) -> list[View]:
         self.check(completions)
