@@ -7,6 +7,7 @@ package registering its class with `@ADAPTERS.register("name")`."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import ClassVar
 
 from torch import nn
@@ -40,6 +41,12 @@ class Adapter:
         saved = [f"{name}.{param}" for name in self.saved_modules(model)
                  for param, _ in model.get_submodule(name).named_parameters()]
         return [*added, *saved]
+
+    def base_view(self, model: nn.Module) -> AbstractContextManager[nn.Module] | None:
+        """A context inside which the adapted `model`, in eval mode, computes what its base computed before
+        `apply` (yielding `model`), or None when the adapter gives none (it trains base parameters). A
+        post-training loss term's reference model is this view, not a frozen copy of the model."""
+        return None
 
 
 @ADAPTERS.register("none", official=True)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from fnmatch import fnmatchcase
 from typing import ClassVar
 
@@ -72,7 +73,9 @@ class LoRAFactor(nn.Module):
 class LoRALinear(nn.Linear):
     """A Linear y = x W^T (+ b) + scale * B A dropout(x); `weight` and `bias` are the base Linear's own
     parameters, `lora_A` [r, in] (Kaiming-uniform, as PEFT, seeded `seed`) and `lora_B` [out, r] (zero) the
-    adapter's."""
+    adapter's. With `active` False it runs the base Linear alone (`LoRA.base_view`)."""
+
+    active: bool = True
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0, seed: int = 0) -> None:
         nn.Module.__init__(self)
@@ -108,6 +111,8 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""
+        if not self.active:
+            return F.linear(x, self.weight, self.bias)
         low_rank = self.lora_B(self.lora_A(self.lora_dropout(x)))
         return F.linear(x, self.weight, self.bias) + self.scale * low_rank
 
@@ -117,7 +122,9 @@ class LoRAGroupedExperts(GroupedExperts):
     [E, r, in] (each expert's A Kaiming-uniform, seeded `seed`), `lora_B.<proj>` [E, out, r] (zero); run by
     `lora_swiglu`. gate_proj, up_proj and down_proj are the base experts' own parameters. Every factor is
     stacked over the experts like the projection it adapts (`stacked_factors`): expert parallelism splits it
-    along E with them."""
+    along E with them. With `active` False it runs the base experts alone (`LoRA.base_view`)."""
+
+    active: bool = True
 
     def __init__(self, base: GroupedExperts, rank: int, alpha: float, seed: int = 0) -> None:
         nn.Module.__init__(self)
@@ -168,6 +175,8 @@ class LoRAGroupedExperts(GroupedExperts):
         if tokens_per_expert.shape != (self.num_local_experts,):
             raise ValueError(f"tokens_per_expert has shape {list(tokens_per_expert.shape)}, expected "
                              f"[{self.num_local_experts}] (the local experts)")
+        if not self.active:
+            return super().forward(x, tokens_per_expert, copies)
         lora_a = tuple(_local(self.lora_A[name]) for name in EXPERT_PROJS)
         lora_b = tuple(_local(self.lora_B[name]) for name in EXPERT_PROJS)
         rows = x if copies is None else x.index_select(0, copies.order // copies.weights.shape[1])
@@ -269,6 +278,11 @@ class LoRA(Adapter):
             replace_module(model, name, adapted)
         return lora_parameter_names(model)
 
+    def base_view(self, model: nn.Module) -> AbstractContextManager[nn.Module] | None:
+        """Every adapted module's base alone, the model in eval mode (`Adapter.base_view`); None with
+        `modules_to_save` (those base modules train)."""
+        return None if self.modules_to_save else _adapters_off(model)
+
     def saved_modules(self, model: nn.Module) -> list[str]:
         """The modules `modules_to_save` selects in the adapted `model`, outermost only, in model order;
         ValueError for a glob matching no module, a module with no parameters, one holding the routed experts
@@ -297,3 +311,20 @@ class LoRA(Adapter):
                 raise ValueError(f"adapter.modules_to_save selects {name!r}, and LoRA adapts {overlap[0]!r} "
                                  "(adapter.targets): a module is adapted or trained whole, not both")
         return outermost
+
+
+@contextmanager
+def _adapters_off(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` with every LoRA module running its base alone and every module in eval mode; both restored."""
+    modes = [(m, m.training) for m in model.modules()]
+    adapted = list(lora_modules(model).values())
+    model.eval()
+    for m in adapted:
+        m.active = False
+    try:
+        yield model
+    finally:
+        for m in adapted:
+            m.active = True
+        for m, training in modes:
+            m.training = training

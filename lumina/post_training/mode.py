@@ -12,6 +12,7 @@ again with the resumed weights; with inner_epochs = 1 (on-policy) a resume conti
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,11 +84,13 @@ class PostTraining:
     def needs_reference(self) -> bool:
         return self.term.needs_reference()
 
-    def step(self, model: nn.Module, reference: nn.Module | None, batch: PromptBatch, step: int, micro: int = 0,
+    def step(self, model: nn.Module, reference: AbstractContextManager[nn.Module] | None, batch: PromptBatch,
+             step: int, micro: int = 0,
              group: dist.ProcessGroup | None = None,
              on_output: Callable[[Any, Any], None] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss (this rank's share) and metrics of micro-batch `micro` of optimizer step `step` on `batch`'s
-        prompts (rolled out at a cycle's first step; its later inner epochs reuse that rollout)."""
+        prompts (rolled out at a cycle's first step; its later inner epochs reuse that rollout). `reference`:
+        a context yielding the reference model, entered once to score it (the loss term reads it)."""
         cycle, epoch = divmod(step, self.config.inner_epochs)
         current = self._cycles.get(micro)
         if current is None or current.cycle != cycle:
@@ -103,8 +106,8 @@ class PostTraining:
         if self.needs_reference():
             if reference is None:
                 raise ValueError("the loss term reads a reference model and none was given")
-            with torch.no_grad():
-                ref = score(reference, None)
+            with torch.no_grad(), reference as reference_model:
+                ref = score(reference_model, None)
         device = logp.device
         inputs = LossInputs(
             logp=logp, rewards=current.rewards.to(device),

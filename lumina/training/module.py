@@ -14,6 +14,7 @@ import functools
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import lightning as L
@@ -88,7 +89,8 @@ class LuminaModule(L.LightningModule):
         self.loss_history: list[float] = []  # train/loss per optimizer step (this process)
         self._resumed_rng: dict[str, Any] | None = None  # a checkpoint's RNG state, until the next train batch
         # post-training mode (objective.post_training): rollouts + a loss term instead of the supervised loss;
-        # `reference` is a frozen copy of the starting weights when its loss term reads one (in checkpoints)
+        # its reference model is the adapter's base view (`Adapter.base_view`: LoRA with its adapters off) or
+        # else `reference`, a frozen copy of the starting weights (in checkpoints)
         self.post_training = post_training
         self.reference: torch.nn.Module | None = None
         self._rl_sums: dict[str, torch.Tensor] = {}
@@ -117,10 +119,12 @@ class LuminaModule(L.LightningModule):
         if self.compile:  # after checkpointing, before the strategy shards the layers
             apply_compile(model)
         self.model = model
-        if self.post_training is not None and self.post_training.needs_reference():
+        if (self.post_training is not None and self.post_training.needs_reference()
+                and self.adapter.base_view(model) is None):
             if strategy_inits:
                 raise ValueError("objective.post_training: a loss term with a reference model under a sharding "
-                                 "strategy (strategy=fsdp_ep) is not supported yet; train on one device")
+                                 "strategy (strategy=fsdp_ep) needs an adapter whose base is the reference "
+                                 "(adapter=lora without modules_to_save); or train on one device")
             self.reference = frozen_copy(model)
 
     def forward(self, batch: PackedBatch):
@@ -250,7 +254,10 @@ class LuminaModule(L.LightningModule):
     # ---- post-training mode (lumina.post_training) ----
     def _post_training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         micro = batch_idx % self.trainer.accumulate_grad_batches
-        loss, metrics = self.post_training.step(self.model, self.reference, batch, self.global_step, micro,
+        reference = None
+        if self.post_training.needs_reference():
+            reference = self.adapter.base_view(self.model) if self.reference is None else nullcontext(self.reference)
+        loss, metrics = self.post_training.step(self.model, reference, batch, self.global_step, micro,
                                                 group=self.objective.group, on_output=self._post_training_output)
         for key, value in {"loss": loss.detach(), **metrics}.items():
             value = value.detach().to(torch.float64)

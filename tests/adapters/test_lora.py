@@ -94,6 +94,26 @@ def test_zero_initialised_b_gives_the_base_logits():
     assert not torch.allclose(moved, text, atol=1e-3)
 
 
+def test_base_view_computes_the_base_in_eval_mode_and_restores_the_adapter():
+    """The post-training reference under LoRA: a trained adapter switched off gives the base's logits bit for
+    bit; leaving the view restores the adapter and each module's own train / eval mode."""
+    text, image = logits(base_model())
+    model = base_model()
+    adapter = LoRA(rank=RANK, alpha=ALPHA)
+    adapter.apply(model)
+    randomise_b(model)
+    adapted_text, _ = logits(model)
+    model.train()
+    model.lm_head.eval()  # a module's own mode survives the view
+    with adapter.base_view(model) as view:
+        assert view is model and not model.training
+        view_text, view_image = logits(model)
+    assert torch.equal(view_text, text) and torch.equal(view_image, image)
+    assert model.training and not model.lm_head.training
+    assert torch.equal(logits(model.eval())[0], adapted_text)
+    assert LoRA(rank=RANK, modules_to_save=["lm_head"]).base_view(model) is None  # those base modules train
+
+
 @pytest.mark.parametrize(("dtype", "backend"), [(torch.float32, "grouped_mm"), (torch.bfloat16, "grouped_mm"),
                                                (torch.float32, "loop")])
 def test_grouped_expert_lora_equals_a_per_expert_loop_with_gradients(dtype, backend):

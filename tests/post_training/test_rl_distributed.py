@@ -1,6 +1,7 @@
 """GRPO on 2 gloo ranks (FSDP2, expert parallelism 2) logs the losses and trains the weights of one process on
 the same rollouts: each rank rolls out half of the step's prompts (the same global draw), the normalisers are
-global, and the ranks stay in lockstep through sampling and scoring."""
+global, and the ranks stay in lockstep through sampling and scoring. VRPO on LoRA adapters, whose reference is
+the base with the adapters off (no copy of the model), does the same."""
 
 from __future__ import annotations
 
@@ -58,3 +59,19 @@ def test_grpo_on_two_ranks_with_ep2_equals_one_process(tmp_path: Path) -> None:
     assert want.keys() == got.keys()
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_vrpo_on_lora_two_ranks_with_ep2_equals_one_process(tmp_path: Path) -> None:
+    vrpo = ["objective=vrpo", "adapter=lora", "adapter.rank=4", "trainer.max_steps=3",
+            *[a for a in COMMON if not a.startswith(("objective", "trainer.max_steps"))]]
+    one = _train([*vrpo, "rollout.prompts_per_step=4", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train([*vrpo, "rollout.prompts_per_step=2", "strategy=fsdp_ep", "trainer.devices=2",
+                  "strategy.parallel.ep=2", f"hydra.run.dir={tmp_path / 'two'}"], tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    margins = _logged(tmp_path / "one", "rl/margin")
+    assert margins[0] == 0 and margins[-1] != 0  # policy = reference (B = 0) at the start, apart after a step
+    # a margin is beta x a difference of fp32 sums of whole answers' log-likelihoods: equal to ~1e-4 relative
+    for key in ("train/loss", "rl/margin", "rl/pair_accuracy", "rl/t2i/reward"):
+        want, got = _logged(tmp_path / "one", key), _logged(tmp_path / "two", key)
+        assert len(want) == 3 and got == pytest.approx(want, rel=1e-4, abs=1e-5), key

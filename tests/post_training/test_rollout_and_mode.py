@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ def test_vrpo_scores_policy_and_reference_on_shared_masks(tiny_model, tokens):
                                            estimators={"text": "blockwise", "image": "remask"}),
                         CONFIG, Rewards({"t2i": low_codes, "text_qa": short_answer}))
     batch = PromptBatch(0, _prompts(), tokens, ("t2i", "text_qa"))
-    loss, metrics = mode.step(tiny_model, copy.deepcopy(tiny_model), batch, step=0)
+    loss, metrics = mode.step(tiny_model, nullcontext(copy.deepcopy(tiny_model)), batch, step=0)
     pairs = 2 - metrics["zero_variance_share"].item() * 2
     assert pairs >= 1
     assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
