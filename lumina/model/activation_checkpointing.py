@@ -74,6 +74,11 @@ class Checkpointer:
         tape = RoutingTape()
         return _TapeContext(self, tape, replay=False), _TapeContext(self, tape, replay=True)
 
+    @property
+    def active(self) -> bool:
+        """True inside a checkpointed call: this checkpointer's hook then weighs whatever ids reach it."""
+        return self.tape is not None
+
     def _route(self, router: MoERouter, args: object, routing: Routing) -> Routing | None:
         """Router forward hook: None outside a checkpointed call; inside, `_replay` (never compiled)."""
         if self.tape is None:
@@ -105,6 +110,16 @@ class Checkpointed:
             return self.checkpointer(self.fn, *args)
         return torch.cat([self.checkpointer(self.fn, *(a[i:i + self.rows] for a in args))
                           for i in range(0, args[0].shape[0], self.rows)])
+
+
+def checkpointer_of(model: nn.Module) -> Checkpointer | None:
+    """The `Checkpointer` `apply_checkpointing` put on `model`'s layers, or None (policy none)."""
+    for layer in model.model.layers:
+        for name in ("forward", "ffn"):
+            wrapped = vars(layer).get(name)
+            if isinstance(wrapped, Checkpointed):
+                return wrapped.checkpointer
+    return None
 
 
 def apply_checkpointing(model: nn.Module, policy: str | bool) -> str:

@@ -22,12 +22,14 @@ from torch import nn
 
 from lumina.contract.tasks import TASKS
 from lumina.data.noise import stable_seed
+from lumina.model.activation_checkpointing import RoutingTape
 from lumina.objective.reduce import dp_sum
 from lumina.post_training.estimators import MODALITIES, LikelihoodEstimator, build_estimator
 from lumina.post_training.losses import LossInputs, LossTerm, build_loss_term, global_ratio
 from lumina.post_training.prompts import PromptBatch
 from lumina.post_training.rewards import Rewards
 from lumina.post_training.rollout import RolloutConfig, rollout
+from lumina.post_training.routing_replay import ROUTING_MODES, RoutingReplay
 from lumina.post_training.samples import Completion
 from lumina.post_training.scoring import score_views
 
@@ -38,19 +40,25 @@ PASS_REWARD = 1.0  # a completion "passes" (pass@G) when its reward reaches this
 class PostTrainingConfig:
     """term: the loss term ({name, options}, `lumina.post_training.losses`); estimators: modality -> estimator
     ({name, options} or a name); inner_epochs: optimizer steps per rollout (> 1: PPO-style ratios to the
-    rollout's policy); pack_tokens: rows per scoring forward; seed: of the views' masks."""
+    rollout's policy); pack_tokens: rows per scoring forward; seed: of the views' masks; routing: none |
+    compare (log `routing_divergence`, the share of the update's top-k slots the rollout policy's routing on the
+    same views did not pick) | replay (R3: also route the update by the rollout policy's ids); both cost one
+    no-grad scoring pass per inner epoch (shared with the old-policy pass when inner_epochs > 1)."""
 
     term: dict[str, Any] | str = "grpo"
     estimators: dict[str, Any] = field(default_factory=lambda: {"text": "coupled", "image": "trajectory"})
     inner_epochs: int = 1
     pack_tokens: int = 8192
     seed: int = 0
+    routing: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("inner_epochs", "pack_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"objective.post_training.{name}={value!r}: must be an integer >= 1")
+        if self.routing not in ROUTING_MODES:
+            raise ValueError(f"objective.post_training.routing={self.routing!r}: must be one of {ROUTING_MODES}")
         unknown = sorted(set(self.estimators) - set(MODALITIES))
         if unknown:
             raise ValueError(f"objective.post_training.estimators.{unknown[0]}: not a modality {MODALITIES}")
@@ -64,6 +72,7 @@ class _Cycle:
     completions: list[Completion]
     rewards: torch.Tensor
     old: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> old policy's estimates
+    tapes: dict[int, RoutingTape] = field(default_factory=dict)  # epoch -> the old policy's routing (R3)
 
 
 class PostTraining:
@@ -95,13 +104,15 @@ class PostTraining:
         current = self._cycles.get(micro)
         if current is None or current.cycle != cycle:
             current = self._cycles[micro] = self._roll_out(model, batch, cycle)
-            if self.config.inner_epochs > 1:  # the rollout's own policy, on every remaining epoch's views
-                with torch.no_grad():
-                    for e in range(epoch, self.config.inner_epochs):
-                        current.old[e] = self._scorer(current.completions, batch, cycle, e)(model, None)
+            self._score_old_policy(model, current, batch, epoch)
         completions = current.completions
         score = self._scorer(completions, batch, cycle, epoch)
-        logp = score(model, on_output)
+        routing = None
+        if self.config.routing == "none":
+            logp = score(model, on_output)
+        else:
+            with RoutingReplay(model).replaying(current.tapes[epoch], self.config.routing == "replay") as routing:
+                logp = score(model, on_output)
         ref = None
         if self.needs_reference():
             if reference is None:
@@ -117,7 +128,26 @@ class PostTraining:
         out = self.term(inputs)
         metrics = dict(out.metrics)
         metrics.update(rollout_metrics(completions, current.rewards, batch.tasks, device, group))
+        if routing is not None:
+            metrics["routing_divergence"] = routing.share(group).to(device)
         return out.loss, metrics
+
+    def _score_old_policy(self, model: nn.Module, current: _Cycle, batch: PromptBatch, epoch: int) -> None:
+        """The rollout's own policy on every remaining inner epoch's views: its estimates (inner_epochs > 1)
+        and its routing (`routing` != none)."""
+        keep_old, keep_routing = self.config.inner_epochs > 1, self.config.routing != "none"
+        if not (keep_old or keep_routing):
+            return
+        with torch.no_grad():
+            for e in range(epoch, self.config.inner_epochs):
+                score = self._scorer(current.completions, batch, current.cycle, e)
+                if keep_routing:
+                    with RoutingReplay(model).recording() as current.tapes[e]:
+                        old = score(model, None)
+                else:
+                    old = score(model, None)
+                if keep_old:
+                    current.old[e] = old
 
     def _roll_out(self, model: nn.Module, batch: PromptBatch, cycle: int) -> _Cycle:
         completions = rollout(model, batch.prompts, self.rollout_config, batch.tokens, cycle)

@@ -42,3 +42,13 @@ def test_expert_bias_stays_frozen_unless_asked(tmp_path):
                                "objective.balance.bias_update=true"]))
     assert torch.count_nonzero(biases(frozen)) == 0
     assert torch.count_nonzero(biases(asked)) > 0
+
+
+def test_routing_replay_runs_in_the_trainer_and_logs_its_divergence(tmp_path):
+    """R3 with activation checkpointing and PPO inner epochs: the old-policy pass records the routing."""
+    outputs = run(compose_train(["objective=grpo", "trainer.max_steps=2", *quiet(tmp_path), *TINY_ROLLOUT,
+                                 "objective.post_training.routing=replay", "objective.post_training.inner_epochs=2",
+                                 "model.config.gradient_checkpointing=full"]))
+    assert outputs.steps == 2 and all(math.isfinite(v) for v in outputs.losses)
+    divergence = outputs.trainer.logged_metrics["rl/routing_divergence"].item()
+    assert 0 <= divergence < 1  # the update at epoch 1 routes with moved weights: a share, logged
