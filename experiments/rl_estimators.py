@@ -21,7 +21,7 @@ from lumina.post_training.rollout import RolloutConfig, rollout
 from lumina.post_training.scoring import score_views
 from lumina.world.rl_prompts import WorldPrompts
 
-ESTIMATORS = {"text": ["one_step", "coupled", "blockwise"], "image": ["trajectory", "remask"]}
+ESTIMATORS = {"text": ["one_step", "coupled", "blockwise", "trace"], "image": ["trajectory", "remask"]}
 
 
 def main() -> None:

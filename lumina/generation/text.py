@@ -28,11 +28,13 @@ from lumina.generation.sync import any_rank, max_over_ranks, model_device, prepa
 @dataclass
 class TextAnswer:
     """ids: answer tokens before the first EOA (all decoded tokens if none); finished: EOA was produced;
-    raw: every decoded token, incl. EOA and what follows it in its block."""
+    raw: every decoded token, incl. EOA and what follows it in its block; commit_step: per raw token, the step of
+    its block at which it was committed (the sampler's path, which trajectory replay scores)."""
 
     ids: list[int]
     finished: bool
     raw: list[int]
+    commit_step: list[int]
 
 
 class _State:
@@ -42,6 +44,7 @@ class _State:
         self.piece = prompt_piece(prompt, tokens)
         self.generator = generator
         self.answer: list[int] = []
+        self.commit_step: list[int] = []
         self.done = False
 
 
@@ -72,7 +75,8 @@ def generate_text(model: nn.Module, prompts: list[Prompt], tokens: SpecialTokens
 
 def _answer_of(state: _State, tokens: SpecialTokens) -> TextAnswer:
     raw, finished = state.answer, tokens.eoa in state.answer
-    return TextAnswer(raw[:raw.index(tokens.eoa)] if finished else list(raw), finished, list(raw))
+    return TextAnswer(raw[:raw.index(tokens.eoa)] if finished else list(raw), finished, list(raw),
+                      list(state.commit_step))
 
 
 def _decode_batch(model: nn.Module, forward: SamplerForward, states: list[_State], tokens: SpecialTokens,
@@ -106,6 +110,7 @@ def _decode_block(model: nn.Module, forward: SamplerForward, states: list[_State
     rows = torch.stack(block_rows).to(device)  # [P, length] flat rows of each current block
     names = [s.index for s in states]
     schedule = model_schedule(model).text_commits(length, config.steps)
+    step_of = torch.full(rows.shape, -1, dtype=torch.long)  # [P, L] the step that committed each slot
     for step in range(config.steps):
         if schedule[step] == 0 and config.threshold is None:
             continue  # commits nothing (steps > length); the same on every rank
@@ -126,10 +131,14 @@ def _decode_block(model: nn.Module, forward: SamplerForward, states: list[_State
         commit = _choose_commits(masked, confidence, schedule[step], config.threshold)
         new_ids = ids.clone()
         new_ids[masked] = torch.where(commit, candidates, tokens.text_mask)
+        committed = torch.zeros_like(masked)
+        committed[masked] = commit
+        step_of[committed.cpu()] = step
         batch.input_ids[0, rows.reshape(-1)] = new_ids.reshape(-1, 1).expand(-1, batch.input_ids.shape[-1])
     final = batch.input_ids[0, :, 0][rows].tolist()
-    for s, block in zip(states, final, strict=True):
+    for s, block, when in zip(states, final, step_of.tolist(), strict=True):
         s.answer.extend(block)
+        s.commit_step.extend(when)
 
 
 def _choose_commits(masked: torch.Tensor, confidence: torch.Tensor, count: int,

@@ -84,7 +84,8 @@ def rollout(model: nn.Module, prompts: list[RLPrompt], config: RolloutConfig, to
         answers = generate_text(model, [r for *_, r in text], tokens, config.text_sampling())
         for (slot, group, p, request), answer in zip(text, answers, strict=True):
             out[slot] = Completion(p, group, key=str(request.key), ids=list(answer.raw),
-                                   block_length=config.block_length, answer_ids=list(answer.ids))
+                                   block_length=config.block_length, answer_ids=list(answer.ids),
+                                   commit_step=torch.tensor(answer.commit_step, dtype=torch.long))
         chunks = max_over_ranks(-(-len(image) // config.batch_size), model_device(model))
         for start in range(0, chunks * config.batch_size, config.batch_size):
             chunk = image[start:start + config.batch_size]

@@ -31,8 +31,10 @@ class Completion:
     """One sampled answer. group: index of its prompt in the rollout batch (the G samples of a prompt share it);
     key: its random stream's key (unique per prompt, step and sample; seeds its views too).
     Text: `ids`, every decoded token (EOA and what follows it in its block included: what the sampler chose),
-    in blocks of `block_length`; `answer_ids`, the answer the user reads (the tokens before the first EOA). Image: `codes` [h * w, C] in row-major cell order and `commit_step` [h * w]
-    int64, the sampler step at which each cell was committed (its codes were drawn in that step)."""
+    in blocks of `block_length`; `answer_ids`, the answer the user reads (the tokens before the first EOA);
+    `commit_step` [len(ids)] int64, the step of its block at which each token was committed. Image: `codes`
+    [h * w, C] in row-major cell order and `commit_step` [h * w] int64, the sampler step at which each cell was
+    committed (its codes were drawn in that step)."""
 
     prompt: RLPrompt
     group: int

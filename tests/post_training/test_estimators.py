@@ -12,7 +12,9 @@ import torch
 from lumina.contract.schema import Text
 from lumina.data.packing import collate_pack
 from lumina.generation.image import generate_images
+from lumina.generation.sampling_config import TextSamplingConfig
 from lumina.generation.sequences import Prompt, image_sequence, prompt_piece, text_sequence
+from lumina.generation.text import generate_text
 from lumina.post_training.estimators import ESTIMATORS, build_estimator
 from lumina.post_training.rollout import RolloutConfig, rollout, sample_key
 from lumina.post_training.samples import Completion, RLPrompt
@@ -79,6 +81,55 @@ def test_trajectory_log_probability_equals_step_by_step_recomputation(tiny_model
     assert torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-4), (got, want)
     # the replayed path is the sampled one: G samples of a prompt differ, so their log-probs do too
     assert not torch.equal(completions[0].codes, completions[1].codes)
+
+
+def _text_states(model, tokens, completion: Completion):
+    """Each (block start, stop, step s, logits of the block's slots / T as log-probs) of the sampler's path:
+    the block with the tokens committed before s clean, the rest masked, earlier blocks clean; no cache."""
+    ids, when = torch.tensor(completion.ids), completion.commit_step
+    piece = prompt_piece(completion.prompt.prompt, tokens)
+    for block, (start, stop) in enumerate(completion.blocks()):
+        for step in range(int(when[start:stop].max()) + 1):
+            shown = torch.where(when[start:stop] < step, ids[start:stop], tokens.text_mask)
+            seq, rows = text_sequence(piece, completion.ids[:start], shown, block, tokens, completion.block_length)
+            hidden = model.backbone(collate_pack([seq], len(seq), tokens.pad, tokens.num_codebooks))[0]
+            yield start, stop, step, model.heads().text_logits(hidden[rows]).double()
+
+
+@torch.no_grad()
+def test_text_commit_steps_are_the_samplers_path(tiny_model, tokens):
+    """At temperature 0 every token is the argmax of the state its commit step names (3 slots in 3 steps: one
+    a step)."""
+    prompts = [Prompt([Text([20, 21, 22])], key="a"), Prompt([Text([23, 24])], key="b")]
+    config = TextSamplingConfig(gen_length=6, block_length=3, steps=3, temperature=0.0, batch_size=2)
+    for prompt, answer in zip(prompts, generate_text(tiny_model, prompts, tokens, config), strict=True):
+        completion = Completion(RLPrompt(prompt, "text_qa"), 0, ids=answer.raw, block_length=3,
+                                commit_step=torch.tensor(answer.commit_step))
+        for start, stop, step, logits in _text_states(tiny_model, tokens, completion):
+            assert sorted(answer.commit_step[start:stop]) == list(range(stop - start))
+            now = completion.commit_step[start:stop] == step
+            assert torch.equal(logits[now].argmax(-1), torch.tensor(answer.raw[start:stop])[now])
+
+
+@torch.no_grad()
+def test_trace_log_probability_equals_step_by_step_recomputation(tiny_model, tokens):
+    prompts = [RLPrompt(Prompt([Text([20, 21, 22])], key="a"), "text_qa"),
+               RLPrompt(Prompt([Text([23, 24])], key="b"), "text_qa")]
+    config = RolloutConfig(group_size=2, temperature=TEMPERATURE, text_length=6, block_length=3, text_steps=3)
+    completions = rollout(tiny_model, prompts, config, tokens, step=5)
+    estimator = ESTIMATORS.build("trace", "estimator")
+    got = score_views(tiny_model, completions, estimator.plan(completions, torch.Generator()), tokens,
+                      TEMPERATURE, pack_tokens=64)
+    want = []
+    for c in completions:
+        total = 0.0
+        for start, stop, step, logits in _text_states(tiny_model, tokens, c):
+            logp = torch.log_softmax(logits / TEMPERATURE, dim=-1)
+            now = c.commit_step[start:stop] == step
+            total += float(logp[now].gather(1, torch.tensor(c.ids[start:stop])[now, None]).sum())
+        want.append(total)
+    assert torch.allclose(got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-5), (got, want)
+    assert len({tuple(c.ids) for c in completions}) > 1  # sampled paths, not one greedy answer
 
 
 def _three_token_completion(tokens, ids=(30, 31, 32)) -> Completion:

@@ -8,6 +8,8 @@ reference, new and old policy) shares masks, the antithetic sharing VRPO and PPO
           coupled    per block a mask M of l ~ U{1..L-1} slots and its complement, plus the fully masked block,
                      weighted so the mean is the block-diffusion ELBO (coupled-GRPO)
           blockwise  per block its own l ~ U{1..L} masked slots, weight L / l (SPG / EBPO: matches block decoding)
+          trace      the sampler's own steps replayed, block by block: at step s the slots committed from s on
+                     are masked and those committed at s scored (TraceRL; exact log-probability of the path)
     image trajectory the sampler's own steps replayed: at step s the cells committed from s on are masked and
                      those committed at s scored (Mask-GRPO; exact log-probability of the sampled path)
           remask     l ~ U{ceil(r_min n)..n} random cells masked and scored, weight n / l (MaskGRPO)
