@@ -110,7 +110,7 @@ def _decode_block(model: nn.Module, forward: SamplerForward, states: list[_State
     rows = torch.stack(block_rows).to(device)  # [P, length] flat rows of each current block
     names = [s.index for s in states]
     schedule = model_schedule(model).text_commits(length, config.steps)
-    step_of = torch.full(rows.shape, -1, dtype=torch.long)  # [P, L] the step that committed each slot
+    step_of = torch.full(rows.shape, -1, dtype=torch.long, device=device)  # [P, L] the step committing each slot
     for step in range(config.steps):
         if schedule[step] == 0 and config.threshold is None:
             continue  # commits nothing (steps > length); the same on every rank
@@ -133,7 +133,7 @@ def _decode_block(model: nn.Module, forward: SamplerForward, states: list[_State
         new_ids[masked] = torch.where(commit, candidates, tokens.text_mask)
         committed = torch.zeros_like(masked)
         committed[masked] = commit
-        step_of[committed.cpu()] = step
+        step_of[committed] = step
         batch.input_ids[0, rows.reshape(-1)] = new_ids.reshape(-1, 1).expand(-1, batch.input_ids.shape[-1])
     final = batch.input_ids[0, :, 0][rows].tolist()
     for s, block, when in zip(states, final, step_of.tolist(), strict=True):
