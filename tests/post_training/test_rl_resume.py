@@ -1,5 +1,7 @@
 """Resume mid-run: 2 GRPO steps + a restart in a new process + 2 steps equal 4 steps straight (losses, weights):
-the rollout streams, the reference model (k3 KL) and the optimizer state travel with the checkpoint."""
+the rollout streams, the reference model (k3 KL) and the optimizer state travel with the checkpoint. On-policy
+(one step per rollout) and with two PPO steps per rollout, resumed at a rollout boundary (as `rl_world`'s
+checkpoint interval, a multiple of its inner epochs, places every resume)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import csv
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from rl_helpers import TINY_ROLLOUT, run_cli
 from safetensors.torch import load_file
@@ -35,14 +38,16 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def test_two_plus_two_steps_equal_four_steps(tmp_path):
+@pytest.mark.parametrize("inner_epochs", [1, 2])
+def test_two_plus_two_steps_equal_four_steps(tmp_path, inner_epochs):
     env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    a = run_cli([*COMMON, f"hydra.run.dir={straight}", "trainer.max_steps=4"], cwd=tmp_path, env=env)
+    common = [*COMMON, f"objective.post_training.inner_epochs={inner_epochs}"]
+    a = run_cli([*common, f"hydra.run.dir={straight}", "trainer.max_steps=4"], cwd=tmp_path, env=env)
     assert a.returncode == 0, a.stderr[-3000:]
-    b1 = run_cli([*COMMON, f"hydra.run.dir={resumed}", "trainer.max_steps=2"], cwd=tmp_path, env=env)
+    b1 = run_cli([*common, f"hydra.run.dir={resumed}", "trainer.max_steps=2"], cwd=tmp_path, env=env)
     assert b1.returncode == 0, b1.stderr[-3000:]
-    b2 = run_cli([*COMMON, f"hydra.run.dir={resumed}", "trainer.max_steps=4"], cwd=tmp_path, env=env)
+    b2 = run_cli([*common, f"hydra.run.dir={resumed}", "trainer.max_steps=4"], cwd=tmp_path, env=env)
     assert b2.returncode == 0, b2.stderr[-3000:]
     assert len(list(resumed.glob("csv/version_*"))) == 2  # two processes
     for key in ("train/loss", "rl/kl", "rl/t2i/reward", "rl/text_qa/reward", "rl/t2i/reward_spread"):
