@@ -3,7 +3,8 @@ step (`LuminaModule` calls `step` instead of the supervised objective when `obje
 
 Per rollout cycle (every `inner_epochs` optimizer steps): roll out G completions per prompt with the current
 weights, score them with the rewards and, with inner_epochs > 1, the old policy's likelihoods on each inner
-epoch's views. Per step: the policy's likelihood estimates on this epoch's views (gradients), the reference's
+epoch's views. Only the completions the loss term reads are scored (`LossTerm.reads`: GRPO without KL skips
+zero-variance groups, self-distillation the rejected samples); the others' estimates are 0. Per step: the policy's likelihood estimates on this epoch's views (gradients), the reference's
 on the same views when the loss term reads them, and the loss term. Views are seeded by (seed, cycle, epoch):
 a step's masks depend on nothing else. A run resumed inside a cycle (inner_epochs > 1) rolls that cycle out
 again with the resumed weights; with inner_epochs = 1 (on-policy) a resume continues exactly.
@@ -71,6 +72,7 @@ class _Cycle:
     cycle: int
     completions: list[Completion]
     rewards: torch.Tensor
+    reads: torch.Tensor  # bool [N]: the completions the loss term reads, the only ones scored
     old: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> old policy's estimates
     tapes: dict[int, RoutingTape] = field(default_factory=dict)  # epoch -> the old policy's routing (R3)
 
@@ -106,7 +108,7 @@ class PostTraining:
             current = self._cycles[micro] = self._roll_out(model, batch, cycle)
             self._score_old_policy(model, current, batch, epoch)
         completions = current.completions
-        score = self._scorer(completions, batch, cycle, epoch)
+        score = self._scorer(current, batch, epoch)
         routing = None
         if self.config.routing == "none":
             logp = score(model, on_output)
@@ -140,7 +142,7 @@ class PostTraining:
             return
         with torch.no_grad():
             for e in range(epoch, self.config.inner_epochs):
-                score = self._scorer(current.completions, batch, current.cycle, e)
+                score = self._scorer(current, batch, e)
                 if keep_routing:
                     with RoutingReplay(model).recording() as current.tapes[e]:
                         old = score(model, None)
@@ -153,14 +155,19 @@ class PostTraining:
         completions = rollout(model, batch.prompts, self.rollout_config, batch.tokens, cycle)
         for c in completions:
             c.reward = self.rewards(c.prompt, c)
-        return _Cycle(cycle, completions, torch.tensor([c.reward for c in completions], dtype=torch.float32))
+        rewards = torch.tensor([c.reward for c in completions], dtype=torch.float32)
+        reads = self.term.reads(rewards, torch.tensor([c.group for c in completions]))
+        return _Cycle(cycle, completions, rewards, reads)
 
-    def _scorer(self, completions: list[Completion], batch: PromptBatch, cycle: int, epoch: int):
-        """model -> [N] estimates on this (cycle, epoch)'s views: each completion's views drawn by its
-        modality's estimator from its own stream (seed, cycle, epoch, completion key), so a completion's masks
-        do not depend on which others share its rank or batch."""
+    def _scorer(self, current: _Cycle, batch: PromptBatch, epoch: int):
+        """model -> [N] estimates on this (cycle, epoch)'s views of the completions the term reads (0 for the
+        rest): each completion's views drawn by its modality's estimator from its own stream (seed, cycle,
+        epoch, completion key), so a completion's masks do not depend on which others share its rank or batch."""
+        completions, cycle = current.completions, current.cycle
         views = []
         for i, c in enumerate(completions):
+            if not current.reads[i]:
+                continue
             modality = "image" if c.is_image else "text"
             estimator = self.estimators.get(modality)
             if estimator is None:

@@ -73,8 +73,9 @@ def score_views(model: nn.Module, completions: list[Completion], views: list[Vie
         packs[-1].append((view, seq))
         used += len(seq)
     packs = [p for p in packs if p]
-    # under expert parallelism every rank must run the same forwards: a rank with fewer packs scores a dummy one
-    for index in range(max_over_ranks(len(packs), device)):
+    # under expert parallelism every rank must run the same forwards: a rank with fewer packs scores a dummy one;
+    # with no view at all one dummy forward still runs, so the estimates join the step's graph
+    for index in range(max(1, max_over_ranks(len(packs), device))):
         pack = packs[index] if index < len(packs) else [(None, _dummy_sequence(tokens))]
         total = total + _score_pack(model, pack, len(completions), tokens, temperature, device, on_output)
     return total

@@ -104,6 +104,18 @@ def test_self_distill_trains_only_on_accepted_samples():
     assert out.metrics["accepted_share"].item() == 0.25
 
 
+@pytest.mark.parametrize(("spec", "read"), [
+    ("grpo", [0, 1, 2, 3]),                              # the group whose rewards differ
+    ({"name": "grpo", "kl_coef": 0.1}, list(range(8))),  # the KL's mean runs over every completion
+    ("wd1", [0, 1, 2, 3]),
+    ("vrpo", [0, 1]),                                    # the first best and first worst of group 0
+    ("self_distill", [0, 3]),                            # the accepted samples
+])
+def test_each_term_reads_only_the_completions_its_loss_uses(spec, read):
+    reads = build_loss_term(spec, "t").reads(REWARDS, GROUPS)
+    assert reads.nonzero().squeeze(1).tolist() == read
+
+
 def test_bad_options_name_the_field():
     with pytest.raises(ValueError, match="objective.term.name='nope'"):
         build_loss_term("nope", "objective.term")

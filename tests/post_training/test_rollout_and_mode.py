@@ -12,6 +12,7 @@ from toy_rewards import low_codes, short_answer
 
 from lumina.contract.schema import Text
 from lumina.generation.sequences import Prompt
+from lumina.post_training.losses.grpo import GRPO
 from lumina.post_training.mode import PostTraining, PostTrainingConfig
 from lumina.post_training.prompts import PromptBatch
 from lumina.post_training.rewards import Rewards
@@ -54,3 +55,36 @@ def test_vrpo_scores_policy_and_reference_on_shared_masks(tiny_model, tokens):
     assert pairs >= 1
     assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
     assert metrics["margin"].item() == 0.0
+
+
+class _GRPOReadingAll(GRPO):
+    """GRPO scoring every completion, as before `reads`: the reference for what skipping must not change."""
+
+    def reads(self, rewards, groups):
+        return torch.ones(len(rewards), dtype=torch.bool)
+
+
+def test_grpo_scores_only_the_groups_it_keeps_and_its_loss_and_gradients_do_not_change(tiny_model, tokens):
+    """A group of equal rewards (every text answer gets 1) is never scored: fewer labelled rows reach the model,
+    and the loss and every gradient equal those of scoring all completions."""
+    rewards = Rewards({"t2i": low_codes, "text_qa": lambda prompt, sample: 1.0})
+    batch = PromptBatch(0, _prompts(), tokens, ("t2i", "text_qa"))
+    results = []
+    for term in (None, _GRPOReadingAll()):
+        model = copy.deepcopy(tiny_model)
+        mode = PostTraining(PostTrainingConfig(estimators={"text": "coupled", "image": "remask"}), CONFIG, rewards)
+        if term is not None:
+            mode.term = term
+        rows: list[int] = []
+        loss, metrics = mode.step(model, None, batch, step=0,
+                                  on_output=lambda out, b, rows=rows: rows.append(int((b.labels != -100).any(-1).sum())))
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                        if p.grad is not None}, sum(rows), metrics))
+    (loss, grads, rows, metrics), (loss_all, grads_all, rows_all, _) = results
+    assert metrics["zero_variance_share"].item() == 0.5  # the text group; the picture group has spread
+    assert 0 < rows < rows_all
+    assert torch.allclose(loss, loss_all, atol=1e-7)
+    assert grads.keys() == grads_all.keys() and len(grads) > 0
+    for name, grad in grads.items():
+        assert torch.allclose(grad, grads_all[name], atol=1e-6), name

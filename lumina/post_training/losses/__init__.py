@@ -10,6 +10,8 @@ into one loss. `experiment=rl_world` and `objective=grpo|wd1|vrpo|self_distill` 
 
 l_i is a completion's log-likelihood estimate per scored token (grpo, wd1, self_distill) or its sum (vrpo).
 Groups whose rewards are all equal carry no signal: every term but self_distill drops and counts them.
+A term names the completions it reads (`reads`); the post-training mode scores only those, so a dropped group
+or a rejected sample costs no forward or backward pass.
 Normalisers are global over the data-parallel ranks, like the supervised objective's token counts.
 """
 
@@ -29,9 +31,10 @@ LOSS_TERMS = Registry("loss term", "lumina.post_training.losses")
 @dataclass
 class LossInputs:
     """One rollout batch of N completions in G-sized groups. logp [N] float32: the policy's estimates (with
-    gradients); old_logp / ref_logp [N]: the old policy's / the reference's on the same views (no gradients;
-    None when not computed); rewards [N]; groups [N] int64 (group ids, local); num_tokens [N] float32 (scored
-    tokens or cells); group: the data-parallel process group (None = the default one)."""
+    gradients; 0 for a completion the term does not read, which is never scored); old_logp / ref_logp [N]: the
+    old policy's / the reference's on the same views (no gradients; None when not computed); rewards [N];
+    groups [N] int64 (group ids, local); num_tokens [N] float32 (scored tokens or cells); group: the
+    data-parallel process group (None = the default one)."""
 
     logp: torch.Tensor
     rewards: torch.Tensor
@@ -51,10 +54,14 @@ class LossOutput:
 
 
 class LossTerm:
-    """A loss term; `needs_reference()`: whether it reads `ref_logp` (then a frozen reference model is kept)."""
+    """A loss term; `needs_reference()`: whether it reads `ref_logp` (then a frozen reference model is kept);
+    `reads(rewards, groups)`: bool [N], the completions whose estimates it reads (all by default)."""
 
     def needs_reference(self) -> bool:
         return False
+
+    def reads(self, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(rewards), dtype=torch.bool)
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         raise NotImplementedError
@@ -80,6 +87,11 @@ def group_stats(rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tens
     mean = total / count
     var = torch.zeros(n, dtype=torch.float64).index_add_(0, inverse, (rewards.double() - mean[inverse]) ** 2) / count
     return mean[inverse], var.sqrt()[inverse], n
+
+
+def differing_groups(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """bool [N]: the completions of groups whose rewards are not all equal."""
+    return group_stats(rewards, groups)[1] > 0
 
 
 def global_mean(values: torch.Tensor, count: torch.Tensor | float, group: dist.ProcessGroup | None

@@ -5,7 +5,8 @@
     loss = - mean_kept min(rho A, clip(rho, 1 - eps, 1 + eps) A) + kl_coef * mean_all k3
     k3 = exp(l_ref - l) - (l_ref - l) - 1        (only with kl_coef > 0: then a frozen reference is kept)
 
-Kept: completions of groups whose rewards differ (a zero-variance group has A = 0 everywhere). Metrics:
+Kept: completions of groups whose rewards differ (a zero-variance group has A = 0 everywhere); without the KL
+term only those are read (scored). Metrics:
 clip_fraction (share of kept completions on the clipped branch), kl (mean k3 over all completions),
 zero_variance_share (share of groups dropped).
 """
@@ -19,6 +20,7 @@ from lumina.post_training.losses import (
     LossInputs,
     LossOutput,
     LossTerm,
+    differing_groups,
     global_mean,
     global_ratio,
     group_stats,
@@ -38,6 +40,10 @@ class GRPO(LossTerm):
 
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
+
+    def reads(self, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """The kept completions; every one with the KL term (its mean runs over all)."""
+        return super().reads(rewards, groups) if self.kl_coef > 0 else differing_groups(rewards, groups)
 
     def __call__(self, inputs: LossInputs) -> LossOutput:
         device = inputs.logp.device

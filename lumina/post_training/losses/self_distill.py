@@ -1,6 +1,6 @@
 """`self_distill`: verifier-filtered self-distillation, the cheapest baseline: the masked-diffusion SFT loss
 (the estimator's ELBO per scored token, negated) on the model's own completions whose reward reaches
-`threshold`, the rest ignored. Metric: accepted share."""
+`threshold`, the rest ignored (never scored). Metric: accepted share."""
 
 from __future__ import annotations
 
@@ -23,9 +23,12 @@ class SelfDistill(LossTerm):
             raise ValueError(f"self_distill: threshold={threshold!r} must be a number")
         self.threshold = float(threshold)
 
+    def reads(self, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        return rewards.cpu() >= self.threshold
+
     def __call__(self, inputs: LossInputs) -> LossOutput:
         device = inputs.logp.device
-        accept = (inputs.rewards >= self.threshold).to(device)
+        accept = self.reads(inputs.rewards, inputs.groups).to(device)
         logp = inputs.logp / inputs.num_tokens
         accepted = float(accept.sum())
         loss = -global_mean(torch.where(accept, logp, torch.zeros_like(logp)), accepted, inputs.group)

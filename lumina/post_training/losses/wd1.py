@@ -3,7 +3,8 @@
     loss_group = - sum_i softmax(A)_i l_i + sum_i softmax(-A)_i l_i,    l = logp / tokens
 
 averaged over the groups whose rewards differ (a zero-variance group's two weightings cancel; it is dropped
-and counted). Only the current policy's likelihood is read: no old policy, no reference.
+and counted, its completions never scored). Only the current policy's likelihood is read: no old policy, no
+reference.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from lumina.post_training.losses import (
     LossInputs,
     LossOutput,
     LossTerm,
+    differing_groups,
     global_mean,
     global_ratio,
     group_stats,
@@ -23,6 +25,9 @@ from lumina.post_training.losses import (
 
 @LOSS_TERMS.register("wd1")
 class WD1(LossTerm):
+    def reads(self, rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        return differing_groups(rewards, groups)
+
     def __call__(self, inputs: LossInputs) -> LossOutput:
         device = inputs.logp.device
         logp = inputs.logp / inputs.num_tokens
