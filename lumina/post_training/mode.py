@@ -6,8 +6,10 @@ weights, score them with the rewards and, with inner_epochs > 1, the old policy'
 epoch's views. Only the completions the loss term reads are scored (`LossTerm.reads`: GRPO without KL skips
 zero-variance groups, self-distillation the rejected samples); the others' estimates are 0. Per step: the policy's likelihood estimates on this epoch's views (gradients), the reference's
 on the same views when the loss term reads them, and the loss term. Views are seeded by (seed, cycle, epoch):
-a step's masks depend on nothing else. A run resumed inside a cycle (inner_epochs > 1) rolls that cycle out
-again with the resumed weights; with inner_epochs = 1 (on-policy) a resume continues exactly.
+a step's masks depend on nothing else. A resume continues exactly from a cycle boundary, the only place a
+checkpoint can resume without the cycle's rollout: with inner_epochs > 1 a step interval that is not a
+multiple of it, or a time interval, is refused (`check_checkpoint_interval`), and a checkpoint saved inside a
+cycle otherwise (a preemption handler's) rolls that cycle out again with the resumed weights, with a warning.
 """
 
 from __future__ import annotations
@@ -63,6 +65,26 @@ class PostTrainingConfig:
         unknown = sorted(set(self.estimators) - set(MODALITIES))
         if unknown:
             raise ValueError(f"objective.post_training.estimators.{unknown[0]}: not a modality {MODALITIES}")
+
+    def check_checkpoint_interval(self, every_n_train_steps: int | None, train_time_interval: Any,
+                                  field_name: str) -> None:
+        """A periodic checkpoint must fall between rollout cycles (its rollout is not saved): with
+        inner_epochs > 1, a step interval that is a multiple of it and no time interval. ValueError names the
+        field (`field_name`: the checkpoint callback's config path)."""
+        k = self.inner_epochs
+        if k > 1 and every_n_train_steps and every_n_train_steps % k:
+            raise ValueError(f"{field_name}.every_n_train_steps={every_n_train_steps}: not a multiple of "
+                             f"objective.post_training.inner_epochs={k}; a checkpoint inside a rollout cycle "
+                             f"cannot resume exactly (set a multiple of {k})")
+        if k > 1 and train_time_interval is not None:
+            raise ValueError(f"{field_name}.train_time_interval={train_time_interval!r}: with "
+                             f"objective.post_training.inner_epochs={k} a timed checkpoint can fall inside a "
+                             f"rollout cycle, which cannot resume exactly; use every_n_train_steps, a multiple "
+                             f"of {k}")
+
+    def resumes_exactly_at(self, step: int) -> bool:
+        """Whether a checkpoint after `step` optimizer steps starts a new rollout cycle."""
+        return step % self.inner_epochs == 0
 
 
 @dataclass

@@ -127,8 +127,9 @@ def datamodule(cfg: DictConfig, model_cfg: LuminaConfig):
     return dm
 
 
-def callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Every non-null entry of cfg.callbacks, less progress bars and model summaries the trainer disables."""
+def callbacks(cfg: DictConfig, post_training: PostTraining | None = None) -> list[L.Callback]:
+    """Every non-null entry of cfg.callbacks, less progress bars and model summaries the trainer disables. In
+    the post-training mode a checkpoint callback's interval must fall between rollout cycles."""
     out = []
     switched_off = tuple(kind for key, kind in (("enable_progress_bar", L.pytorch.callbacks.ProgressBar),
                                                 ("enable_model_summary", L.pytorch.callbacks.ModelSummary))
@@ -139,6 +140,12 @@ def callbacks(cfg: DictConfig) -> list[L.Callback]:
         if "_target_" not in node:
             raise ConfigError(f"callbacks.{name}: needs a _target_ (or null to switch it off)")
         callback = hydra.utils.instantiate(node)
+        if post_training is not None and isinstance(callback, L.pytorch.callbacks.ModelCheckpoint):
+            try:
+                post_training.config.check_checkpoint_interval(node.get("every_n_train_steps"),
+                                                               node.get("train_time_interval"), f"callbacks.{name}")
+            except ValueError as error:
+                raise ConfigError(str(error)) from error
         if not isinstance(callback, switched_off):
             out.append(callback)
     return out

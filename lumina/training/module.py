@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lumina.adapters import ADAPTERS, Adapter
 from lumina.checkpoint.model_factory import build_model
@@ -304,6 +305,11 @@ class LuminaModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_rng = checkpoint.get("lumina_rng")
+        step = checkpoint.get("global_step", 0)
+        if self.post_training is not None and not self.post_training.config.resumes_exactly_at(step):
+            rank_zero_warn(f"resuming at optimizer step {step}, inside a rollout cycle of objective.post_training."
+                           f"inner_epochs={self.post_training.config.inner_epochs}: that cycle is rolled out again "
+                           "with the resumed weights, so the run does not continue exactly as it would have")
         # a run goes on with the parts it started with (the schedule has no weights, so only this check sees it);
         # a checkpoint from before a part was chosen by name (issue 41) lacks the key and used the official part
         trained_adapter = checkpoint.get("hyper_parameters", {}).get("adapter", {"name": "none"})

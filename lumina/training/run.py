@@ -38,7 +38,7 @@ def run(cfg: DictConfig) -> RunOutputs:
     output_dir = Path(cfg.paths.output_dir)
     module = build.module(cfg)
     datamodule = build.datamodule(cfg, module.model_config)
-    callbacks = build.callbacks(cfg)
+    callbacks = build.callbacks(cfg, module.post_training)
     loggers = build.loggers(cfg)
     trainer = build.trainer(cfg, callbacks, loggers)
     trainer.fit(module, datamodule=datamodule, ckpt_path=build.resume_path(cfg, callbacks))
