@@ -88,3 +88,19 @@ def test_grpo_scores_only_the_groups_it_keeps_and_its_loss_and_gradients_do_not_
     assert grads.keys() == grads_all.keys() and len(grads) > 0
     for name, grad in grads.items():
         assert torch.allclose(grad, grads_all[name], atol=1e-6), name
+
+
+def test_a_step_whose_groups_all_have_equal_rewards_scores_nothing_and_still_backpropagates(tiny_model, tokens):
+    """Nothing to read: one empty forward keeps the loss in the graph (every rank runs the same modules), and
+    no weight gets a gradient."""
+    mode = PostTraining(PostTrainingConfig(estimators={"text": "coupled", "image": "remask"}), CONFIG,
+                        Rewards({"t2i": lambda prompt, sample: 0.0, "text_qa": lambda prompt, sample: 1.0}))
+    rows: list[int] = []
+    loss, metrics = mode.step(tiny_model, None, PromptBatch(0, _prompts(), tokens, ("t2i", "text_qa")), step=0,
+                              on_output=lambda out, b: rows.append(int((b.labels != -100).any(-1).sum())))
+    assert metrics["zero_variance_share"].item() == 1.0
+    assert rows == [1]  # the one dummy slot, weighted 0
+    loss.backward()
+    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)
+    tiny_model.zero_grad(set_to_none=True)
