@@ -29,8 +29,9 @@ class ImageHeadMACs:
 
 class ImageHead(nn.Module):
     """The contract of an image head (rows independent; D = hidden_size). `forward` (training; code_embeds has 0
-    rows and is unread unless teacher_forced) and `sample` go through `run`, which activation checkpointing
-    wraps in row chunks; `forward` must run on the meta device (training/memory_estimate.py)."""
+    rows and is unread unless teacher_forced) goes through `run`, which activation checkpointing wraps in row
+    chunks and `apply_compile` compiles; `sample` may step with a cache of its own instead (no gradients, so
+    nothing to checkpoint); `forward` must run on the meta device (training/memory_estimate.py)."""
 
     module_name: ClassVar[str]  # the LM's attribute holding the head: the prefix of its checkpoint keys
     teacher_forced: ClassVar[bool]  # whether training feeds it the embeddings of the target codes 0..C-2

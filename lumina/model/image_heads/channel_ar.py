@@ -38,13 +38,20 @@ class ChannelAttention(nn.Module):
         self.k_norm = layer_norm(self.head_dim)
         self.proj = Linear(dim, dim, bias=True, std=std)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [N, L, D], additive mask [L, L] -> [N, L, D]."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: list[torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """x [N, L, D], additive mask [L, L] -> [N, L, D]. With `cache` ([k, v] of the earlier positions, [] at
+        the first): x is the next position alone [N, 1, D], attending to those and itself (mask None); its k and
+        v are appended to the cache."""
         n, length, dim = x.shape
         qkv = self.qkv(x).view(n, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # [N, heads, L, hd]
         q, k = self.q_norm(q), self.k_norm(k)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
+        if cache is not None:
+            if cache:
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            cache[:] = [k, v]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype))
         return self.proj(out.transpose(1, 2).reshape(n, length, dim))
 
 
@@ -69,10 +76,11 @@ class ChannelBlock(nn.Module):
         self.mlp = ChannelMLP(dim, dim * mlp_ratio, std)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(dim, 6 * dim, bias=True, std=std))
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x, cond [N, L, D]; mask [L, L] -> [N, L, D]."""
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor | None,
+                cache: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """x, cond [N, L, D]; mask [L, L] -> [N, L, D]; `cache`: see `ChannelAttention.forward`."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN_modulation(cond).chunk(6, dim=-1)
-        x = x + gate_a * self.attn(modulate(self.norm1(x), shift_a, scale_a), mask)
+        x = x + gate_a * self.attn(modulate(self.norm1(x), shift_a, scale_a), mask, cache)
         return x + gate_m * self.mlp(modulate(self.norm2(x), shift_m, scale_m))
 
 
@@ -147,19 +155,26 @@ class MultiCodebookHead(ImageHead):
     @torch.no_grad()
     def sample(self, h: torch.Tensor, sample_fn: SampleFn, img_embeddings: nn.ModuleList,
                lm_img_head: nn.ModuleList) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [N, H] -> (codes int64 [N, C], probabilities [N, C]). For c = 0..C-1: the blocks on the growing
-        prefix, `lm_img_head[c]` on the last position, `sample_fn(logits [N, K], c)` picks, `img_embeddings[c]`
-        embeds the picks into the prefix."""
+        """h [N, H] -> (codes int64 [N, C], probabilities [N, C]). For c = 0..C-1: the blocks on position c
+        alone, attending to the K/V cache of positions < c (what `run` computes on the whole prefix, as the
+        blocks are causal and position c's adaLN condition is its own: C positions computed instead of
+        C (C + 1) / 2), `lm_img_head[c]` on it, `sample_fn(logits [N, K], c)` picks, `img_embeddings[c]` embeds
+        the picks as position c + 1's input."""
         cond = self.condition_proj(h)
-        prefix = cond.new_zeros(h.shape[0], 0, cond.shape[-1])
+        caches: list[list[torch.Tensor]] = [[] for _ in self.channel_blocks]
+        x = cond.unsqueeze(1)  # position 0's input
         codes, probs = [], []
         for c in range(self.num_codebooks):
-            states = self.run(cond, prefix)
-            tokens, p = sample_fn(lm_img_head[c](states[:, -1]), c)
+            x = x + self.channel_embed[:, c:c + 1]
+            ada = cond.unsqueeze(1) + self.timesteps_embeddings[:, c:c + 1]
+            for block, cache in zip(self.channel_blocks, caches, strict=True):
+                x = block(x, ada, None, cache)
+            state = self.channel_final(self.channel_norm(x), ada)[:, 0]
+            tokens, p = sample_fn(lm_img_head[c](state), c)
             codes.append(tokens.long())
             probs.append(p)
             if c + 1 < self.num_codebooks:
-                prefix = torch.cat([prefix, img_embeddings[c](tokens.long()).to(cond.dtype).unsqueeze(1)], dim=1)
+                x = img_embeddings[c](tokens.long()).to(cond.dtype).unsqueeze(1)
         return torch.stack(codes, dim=1), torch.stack(probs, dim=1)
 
     @classmethod
