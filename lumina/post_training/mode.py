@@ -4,8 +4,9 @@ step (`LuminaModule` calls `step` instead of the supervised objective when `obje
 Per rollout cycle (every `inner_epochs` optimizer steps): roll out G completions per prompt with the current
 weights, score them with the rewards and, with inner_epochs > 1, the old policy's likelihoods on each inner
 epoch's views. Only the completions the loss term reads are scored (`LossTerm.reads`: GRPO without KL skips
-zero-variance groups, self-distillation the rejected samples); the others' estimates are 0. Per step: the policy's likelihood estimates on this epoch's views (gradients), the reference's
-on the same views when the loss term reads them, and the loss term. Views are seeded by (seed, cycle, epoch):
+zero-variance groups, self-distillation the rejected samples); the others' estimates are 0. Per step: the
+policy's likelihood estimates on this epoch's views (gradients), the reference's on the same views when the
+loss term reads them, and the loss term. Views are seeded by (seed, cycle, epoch):
 a step's masks depend on nothing else. A resume continues exactly from a cycle boundary, the only place a
 checkpoint can resume without the cycle's rollout: with inner_epochs > 1 a step interval that is not a
 multiple of it, or a time interval, is refused (`check_checkpoint_interval`), and a checkpoint saved inside a
