@@ -6,8 +6,8 @@
 Prints each variant's median seconds and its ratio to 16 steps. The rollout bounds an rl_world cycle
 (experiments/rl_world.md), so this ratio is what `rollout.image_steps` buys.
 
-Measured 2026-12-07 (seed-7 `learns_cpu` export, 1 thread, nothing beside it, 3 batches of t2i 0.15 / edit 0.8 /
-vqa 0.05): 16 steps 5.45 s, 12 steps 4.24 s (0.78x), 8 steps 2.77 s (0.51x).
+Measured 2026-12-07 (seed-7 `learns_cpu` export, 1 thread, nothing beside it, 3 batches of rl_world's mix, t2i
+0.3 / edit 0.65 / vqa 0.05): 16 steps 5.65 s, 12 steps 4.16 s (0.74x), 8 steps 2.94 s (0.52x).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from rl_update import MIX
 from timing import interleaved_times
 
 from lumina.checkpoint import load_pretrained
 from lumina.post_training.rollout import RolloutConfig, rollout
 from lumina.world.rl_prompts import WorldPrompts
-
-MIX = {"t2i": 0.15, "edit": 0.8, "vqa": 0.05}
 
 
 def main() -> None:
