@@ -3,15 +3,16 @@ every completion (what the post-training mode did before `LossTerm.reads`), on t
 
     OMP_NUM_THREADS=1 python experiments/bench/rl_update.py outputs/learns_cpu/hf --batches 5
 
-Each batch is one rl_world rollout (8 prompts x G 8, t2i 0.3 / edit 0.65 / vqa 0.05, exact rewards, `remask`
-for images, `coupled` for text); both variants then run the same inner epoch on it, interleaved, without an
-optimizer step, so they score the same views with the same weights. Prints per batch the share of groups with
-equal rewards, the seconds of the cycle's first step (rollout, rewards, the old policy's estimates on both
-epochs' views; each variant once, not interleaved) and the two inner-epoch times, then the median ratio.
+Each batch is one rl_world rollout (8 prompts x G 8, the prompt mix of conf/experiment/rl_world.yaml, exact rewards,
+`remask` for images, `coupled` for text); both variants then run the same inner epoch on it, interleaved, without an
+optimizer step, so they score the same views with the same weights. Prints per batch the share of groups with equal
+rewards, the seconds of the cycle's first step (rollout, rewards, the old policy's estimates on both epochs' views;
+each variant once, not interleaved) and the two inner-epoch times, then the median ratio.
 
-Measured 2026-12-07 (seed-7 `learns_cpu` export, 1 thread, two rl_world runs beside it, 3 batches): equal-reward
-groups 0.38 / 0.12 / 0.00, ratio 0.62 / 0.85 / 0.94 (median 0.85); the first step (rollout) 14-15 s against an
-inner epoch of 1.1-1.9 s, so the rollout bounds an rl_world cycle (experiments/rl_world.md).
+Measured 2026-12-07 (seed-7 `learns_cpu` export, 1 thread, two rl_world runs beside it, 3 batches, mix t2i 0.3 /
+edit 0.65 / vqa 0.05): equal-reward groups 0.38 / 0.12 / 0.00, ratio 0.62 / 0.85 / 0.94 (median 0.85); the first
+step (rollout) 14-15 s against an inner epoch of 1.1-1.9 s, so the rollout bounds an rl_world cycle
+(experiments/rl_world.md).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from timing import interleaved_times
 
 from lumina.checkpoint import load_pretrained
@@ -32,7 +35,8 @@ from lumina.post_training.rollout import RolloutConfig
 from lumina.world.rewards import ExactMatch, WorldCheck
 from lumina.world.rl_prompts import WorldPrompts
 
-MIX = {"t2i": 0.3, "edit": 0.65, "vqa": 0.05}
+# rl_world's prompt mix, read from its experiment config rather than restated
+MIX = dict(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/experiment/rl_world.yaml").rollout.prompts.mix)
 
 
 class GRPOScoringAll(GRPO):
